@@ -6,9 +6,16 @@ to any other module, so running it twice would duplicate code. Here every module
 generated modules that no chapter exports any more are deleted, so the export is idempotent and
 ``git status transformer_lib`` shows exactly where the library and the chapters disagree.
 
-Usage: python tools/export.py
+Usage: python tools/export.py           # export
+       python tools/export.py --check   # export, then fail if that changed the library (CI's sync check)
+
+The check exports in place and compares the library before and after, so it needs no clean work tree; in a
+git checkout it also fails on a generated module that git does not track (it would be missing from a clone).
 """
 
+import hashlib
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -41,7 +48,40 @@ def targets(nb_path: Path) -> set[str]:
     return names
 
 
-def main() -> None:
+def snapshot() -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(LIB.glob("*.py"))}
+
+
+def untracked_modules() -> list[str]:
+    """Generated modules that git does not track (empty outside a git checkout)."""
+    try:
+        out = subprocess.run(["git", "ls-files", "--others", "--exclude-standard", "--", str(LIB)],
+                             cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return []
+    return [line for line in out.splitlines() if line.endswith(".py")]
+
+
+def check() -> int:
+    before = snapshot()
+    export()
+    after = snapshot()
+    problems = [f"transformer_lib/{m} changed: the chapter was edited without re-exporting"
+                for m in sorted(before.keys() & after.keys()) if before[m] != after[m]]
+    problems += [f"transformer_lib/{m} was missing: a chapter exports it" for m in sorted(after.keys() - before.keys())]
+    problems += [f"transformer_lib/{m} is not exported by any chapter any more"
+                 for m in sorted(before.keys() - after.keys())]
+    problems += [f"{m} is not tracked by git: `git add` it" for m in untracked_modules()]
+    if problems:
+        print("library and chapters are out of sync:\n  " + "\n  ".join(problems), file=sys.stderr)
+        print("(the library has now been re-exported; review `git diff transformer_lib` and commit it)",
+              file=sys.stderr)
+        return 1
+    print("library is in sync with the chapters")
+    return 0
+
+
+def export() -> None:
     owners = defaultdict(list)
     notebooks = sorted(CHAPTERS.glob("*.ipynb"))
     for nb in notebooks:
@@ -59,4 +99,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(check() if "--check" in sys.argv[1:] else export())

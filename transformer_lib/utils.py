@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['seed_everything', 'get_device', 'plot_attention', 'plot_attention_heads']
 
-# %% ../chapters/01_attention.ipynb #c004
+# %% ../chapters/01_attention.ipynb #c006
 import random
 
 import numpy as np

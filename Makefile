@@ -1,0 +1,81 @@
+# The two commands a reader needs: `make book` and `make test` (see README.md).
+# Each creates .venv on first use and installs what it needs, torch first.
+
+PYTHON     ?= $(shell command -v python3.11 || command -v python3)
+VENV       := .venv
+BIN        := $(VENV)/bin
+# torch is installed on its own, first: a bare `torch` requirement would pull a multi-GB CUDA build.
+# On a machine with a GPU, e.g.: make test TORCH_SPEC="torch" (or any wheel/index you prefer).
+TORCH_SPEC ?= torch==2.13.0
+NBVAL      := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg
+JOBS       ?= 2
+TIMED      := tools/timed
+
+.PHONY: help venv export sync-check lint test-lib test-notebooks book book-stored test-browser test test-gpu clean
+
+help:
+	@echo "make book   execute every chapter and build the HTML book into _build/html/ (open _build/html/index.html)"
+	@echo "make test   sync check, lint, library tests, nbval on every chapter, strict book build, browser check"
+	@echo "make export re-export transformer_lib/ from the chapters' #| export cells"
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -r requirements.txt
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $@
+
+venv: $(VENV)/.installed
+
+export: venv
+	$(BIN)/python tools/export.py
+
+# Library == what the chapters export (also fails on a new module git does not track);
+# every chapter's setup cell == the one generated from _config.yml.
+sync-check: venv
+	$(BIN)/python tools/export.py --check
+	$(BIN)/python tools/setup_cell.py
+
+lint: venv
+	$(BIN)/ruff check transformer_lib tests tools
+
+test-lib: venv
+	$(BIN)/pytest tests -n $(JOBS) --ignore=tests/test_browser.py
+
+# Strict nbval: every stored output must equal what the current code prints (volatile text sanitized).
+test-notebooks: venv
+	$(BIN)/pytest $(NBVAL) chapters -n $(JOBS) --dist loadfile
+
+# The book, executing every chapter (`execute_notebooks: force`); a cell error or a Sphinx warning fails it.
+book: venv
+	$(BIN)/jupyter-book build --all -W -n --keep-going .
+	@echo "Open _build/html/index.html in a browser (it works offline)."
+
+# The same strict build from the stored outputs, which `make test-notebooks` has just proven current:
+# it saves executing every chapter a second time.
+book-stored: venv
+	mkdir -p _build
+	sed 's/^  execute_notebooks: force.*/  execute_notebooks: "off"/' _config.yml > _build/_config.stored.yml
+	$(BIN)/jupyter-book build --all -W -n --keep-going --config _build/_config.stored.yml .
+
+test-browser: venv
+	$(BIN)/pytest tests/test_browser.py -rs
+
+test: venv
+	@mkdir -p _build && : > _build/stage-times.txt
+	$(TIMED) "sync check" $(MAKE) --no-print-directory sync-check
+	$(TIMED) "lint" $(MAKE) --no-print-directory lint
+	$(TIMED) "library tests" $(MAKE) --no-print-directory test-lib
+	$(TIMED) "nbval (all chapters)" $(MAKE) --no-print-directory test-notebooks
+	$(TIMED) "book build (-W)" $(MAKE) --no-print-directory book-stored
+	$(TIMED) "browser check" $(MAKE) --no-print-directory test-browser
+	@cat _build/stage-times.txt
+
+# On a CUDA machine the chapters run on the GPU, where floating-point results differ in the last digits:
+# execute every cell (all asserts still hold) but compare only outputs marked `# NBVAL_CHECK_OUTPUT`.
+test-gpu: venv
+	$(BIN)/pytest --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg chapters
+	$(BIN)/pytest tests --ignore=tests/test_browser.py
+
+clean:
+	rm -rf _build

@@ -1,0 +1,212 @@
+"""transformer_lib.attention (Chapter 1) against torch.nn.functional.scaled_dot_product_attention."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transformer_lib.attention import (
+    causal_mask,
+    check_attention,
+    padding_mask,
+    scaled_dot_product_attention,
+)
+
+DT = torch.float64
+
+
+def rand(*shape, generator=None):
+    return torch.randn(*shape, dtype=DT, generator=generator)
+
+
+SHAPES = [  # (batch dims, n_q, n_k, d_k, d_v)
+    ((), 1, 1, 1, 1),
+    ((), 4, 6, 8, 3),
+    ((2,), 5, 5, 16, 16),
+    ((3, 4), 7, 9, 8, 5),
+    ((2, 1), 3, 10, 4, 6),
+]
+
+
+@pytest.mark.parametrize("batch, n_q, n_k, d_k, d_v", SHAPES)
+def test_equals_torch_sdpa_without_mask(batch, n_q, n_k, d_k, d_v):
+    g = torch.Generator().manual_seed(n_q * 100 + n_k)
+    Q, K, V = rand(*batch, n_q, d_k, generator=g), rand(*batch, n_k, d_k, generator=g), rand(*batch, n_k, d_v, generator=g)
+    out, w = scaled_dot_product_attention(Q, K, V)
+    ref = F.scaled_dot_product_attention(Q, K, V)
+    assert out.shape == (*batch, n_q, d_v) and w.shape == (*batch, n_q, n_k)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(w.sum(-1), torch.ones(*batch, n_q, dtype=DT), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_equals_torch_sdpa_with_random_masks(seed):
+    g = torch.Generator().manual_seed(seed)
+    B, h, n_q, n_k, d = 2, 3, 5, 7, 8
+    Q, K, V = rand(B, h, n_q, d, generator=g), rand(B, h, n_k, d, generator=g), rand(B, h, n_k, d, generator=g)
+    for shape in [(n_q, n_k), (B, 1, n_q, n_k), (B, h, n_q, n_k), (1, h, 1, n_k)]:
+        mask = torch.rand(*shape, generator=g) < 0.6
+        mask[..., 0] = True
+        out, _ = scaled_dot_product_attention(Q, K, V, mask)
+        ref = F.scaled_dot_product_attention(Q, K, V, attn_mask=mask)
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+
+
+def test_masked_weights_are_exactly_zero_and_rows_sum_to_one():
+    g = torch.Generator().manual_seed(0)
+    Q, K, V = rand(4, 6, generator=g), rand(9, 6, generator=g), rand(9, 2, generator=g)
+    mask = torch.rand(4, 9, generator=g) < 0.5
+    mask[:, 3] = True
+    _, w = scaled_dot_product_attention(Q, K, V, mask)
+    assert (w[~mask] == 0).all()
+    torch.testing.assert_close(w.sum(-1), torch.ones(4, dtype=DT))
+
+
+def test_fully_masked_row_gives_zeros_not_nan_like_torch():
+    g = torch.Generator().manual_seed(1)
+    Q, K, V = rand(2, 3, 4, generator=g), rand(2, 5, 4, generator=g), rand(2, 5, 3, generator=g)
+    mask = torch.ones(2, 3, 5, dtype=torch.bool)
+    mask[1, 2] = False
+    out, w = scaled_dot_product_attention(Q, K, V, mask)
+    assert not torch.isnan(out).any() and not torch.isnan(w).any()
+    assert (out[1, 2] == 0).all() and (w[1, 2] == 0).all()
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(Q, K, V, attn_mask=mask), rtol=0, atol=1e-12)
+    # and the gradient through such a row is finite (zero), not NaN
+    Q.requires_grad_(True)
+    scaled_dot_product_attention(Q, K, V, mask)[0].sum().backward()
+    assert torch.isfinite(Q.grad).all() and (Q.grad[1, 2] == 0).all()
+
+
+def test_gradcheck_with_and_without_mask():
+    g = torch.Generator().manual_seed(2)
+    Q, K, V = (rand(2, 3, 4, generator=g).requires_grad_() for _ in range(3))
+    mask = torch.tensor([[True, False, True], [True, True, False], [False, False, True]])
+    assert torch.autograd.gradcheck(lambda q, k, v: scaled_dot_product_attention(q, k, v)[0], (Q, K, V))
+    assert torch.autograd.gradcheck(lambda q, k, v: scaled_dot_product_attention(q, k, v, mask)[0], (Q, K, V))
+
+
+def test_causal_mask_blocks_the_future():
+    n = 7
+    m = causal_mask(n)
+    assert m.dtype == torch.bool and m.shape == (n, n)
+    assert torch.equal(m, torch.tril(torch.ones(n, n)).bool())
+    g = torch.Generator().manual_seed(3)
+    X = rand(2, n, 5, generator=g)
+    out, w = scaled_dot_product_attention(X, X, X, m)
+    assert (w.triu(1) == 0).all()
+    for t in range(n - 1):
+        X2 = X.clone()
+        X2[:, t + 1:] = rand(2, n - t - 1, 5, generator=g)
+        out2, _ = scaled_dot_product_attention(X2, X2, X2, m)
+        assert torch.equal(out[:, : t + 1], out2[:, : t + 1])
+
+
+def test_padding_mask_hides_padding_from_every_query():
+    PAD = 0
+    tokens = torch.tensor([[3, 4, 5, PAD, PAD], [6, 7, 8, 9, 2]])
+    m = padding_mask(tokens, PAD)
+    assert m.shape == (2, 1, 1, 5) and m.dtype == torch.bool
+    assert m[0, 0, 0].tolist() == [True, True, True, False, False] and m[1].all()
+    g = torch.Generator().manual_seed(4)
+    Q, K, V = rand(2, 2, 5, 4, generator=g), rand(2, 2, 5, 4, generator=g), rand(2, 2, 5, 3, generator=g)
+    out, w = scaled_dot_product_attention(Q, K, V, m)
+    assert (w[0, ..., 3:] == 0).all()
+    # changing the keys and values at padded positions changes nothing
+    K2, V2 = K.clone(), V.clone()
+    K2[0, :, 3:], V2[0, :, 3:] = 100.0, -100.0
+    out2, _ = scaled_dot_product_attention(Q, K2, V2, m)
+    assert torch.equal(out, out2)
+
+
+def test_dropout_is_applied_to_the_weights():
+    torch.manual_seed(0)
+    Q, K, V = rand(3, 4), rand(6, 4), rand(6, 2)
+    drop = torch.nn.Dropout(0.5)
+    _, w = scaled_dot_product_attention(Q, K, V, dropout=drop)
+    _, w_ref = scaled_dot_product_attention(Q, K, V)
+    kept = w != 0
+    assert (~kept).any() and kept.any()
+    torch.testing.assert_close(w[kept], 2 * w_ref[kept])     # inverted dropout rescales by 1 / (1 - p)
+
+
+def test_scaling_is_by_sqrt_dk():
+    Q, K, V = rand(2, 64), rand(3, 64), rand(3, 2)
+    _, w = scaled_dot_product_attention(Q, K, V)
+    torch.testing.assert_close(w, torch.softmax(Q @ K.T / math.sqrt(64), -1))
+
+
+@pytest.mark.parametrize("args, kwargs, match", [
+    ((torch.randn(5), torch.randn(7, 4), torch.randn(7, 4)), {}, r"Q must be a tensor of shape \(\.\.\., n, d\)"),
+    ((torch.randn(5, 4), [1.0], torch.randn(7, 4)), {}, r"K must be a tensor"),
+    ((torch.randn(5, 4), torch.randn(7, 3), torch.randn(7, 4)), {}, r"Q and K must share the last dimension d_k.*\(5, 4\).*\(7, 3\)"),
+    ((torch.randn(5, 4), torch.randn(7, 4), torch.randn(6, 4)), {}, r"K and V must have the same number of positions n_k"),
+    ((torch.randn(2, 5, 4), torch.randn(3, 7, 4), torch.randn(3, 7, 4)), {}, r"batch, head\) dimensions .* do not broadcast"),
+    ((torch.randn(5, 4), torch.randn(7, 4), torch.randn(7, 4)), {"mask": torch.ones(5, 7)}, r"mask must be a bool tensor"),
+    ((torch.randn(5, 4), torch.randn(7, 4), torch.randn(7, 4)), {"mask": torch.ones(7, 5).bool()}, r"mask of shape \(7, 5\) does not broadcast .* \(5, 7\)"),
+    ((torch.randn(5, 4), torch.randn(7, 4), torch.randn(7, 4)), {"mask": torch.ones(2, 5, 7).bool()}, r"mask of shape \(2, 5, 7\) does not broadcast"),
+])
+def test_bad_input_raises_clear_value_error(args, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        scaled_dot_product_attention(*args, **kwargs)
+
+
+@pytest.mark.parametrize("n", [0, -1, 2.0, "3"])
+def test_causal_mask_rejects_bad_n(n):
+    with pytest.raises(ValueError, match="n must be a positive int"):
+        causal_mask(n)
+
+
+@pytest.mark.parametrize("tokens", [torch.tensor([1, 2, 3]), torch.randn(2, 3), torch.zeros(1, 2, 3, dtype=torch.long), [[1, 2]]])
+def test_padding_mask_rejects_bad_tokens(tokens):
+    with pytest.raises(ValueError, match=r"tokens must be an integer tensor of shape \(B, S\)"):
+        padding_mask(tokens, 0)
+
+
+def _reference(Q, K, V, mask=None):
+    return scaled_dot_product_attention(Q, K, V, mask)[0]
+
+
+def _unscaled(Q, K, V, mask=None):
+    return scaled_dot_product_attention(Q * math.sqrt(Q.size(-1)), K, V, mask)[0]
+
+
+def _fill_minus_1e9(Q, K, V, mask=None):
+    s = Q @ K.transpose(-2, -1) / math.sqrt(Q.size(-1))
+    if mask is not None:
+        s = s.masked_fill(~mask, -1e9)
+    return s.softmax(-1) @ V
+
+
+def _nan_rows(Q, K, V, mask=None):
+    s = Q @ K.transpose(-2, -1) / math.sqrt(Q.size(-1))
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return s.softmax(-1) @ V
+
+
+def _wrong_axis(Q, K, V, mask=None):
+    return (Q @ K.transpose(-2, -1) / math.sqrt(Q.size(-1))).softmax(-2) @ V
+
+
+@pytest.mark.parametrize("fn, message", [
+    (_unscaled, "not divided by sqrt"),
+    (lambda Q, K, V, mask=None: scaled_dot_product_attention(Q / math.sqrt(Q.size(-1)), K, V, mask)[0], "divided by d_k instead"),
+    (lambda Q, K, V, mask=None: _reference(Q, K, V), "mask is ignored"),
+    (lambda Q, K, V, mask=None: _reference(Q, K, V, None if mask is None else ~mask), "mask is inverted"),
+    (_fill_minus_1e9, "must output zeros"),
+    (_nan_rows, "NaN"),
+    (_wrong_axis, "wrong axis"),
+    (lambda Q, K, V, mask=None: _reference(Q, K, V, mask)[..., :1], "output shape"),
+    (lambda Q, K, V, mask=None: _reference(Q, K, V, mask).tolist(), "must return a tensor"),
+    (lambda Q, K, V, mask=None: _reference(Q, K, V, mask) + 1e-3, "differs from the reference"),
+])
+def test_check_attention_says_what_is_wrong(fn, message):
+    with pytest.raises(AssertionError, match=message):
+        check_attention(fn)
+
+
+def test_check_attention_accepts_a_correct_function(capsys):
+    check_attention(_reference)
+    check_attention(lambda Q, K, V, mask=None: F.scaled_dot_product_attention(Q, K, V, attn_mask=mask))
+    assert "match the reference" in capsys.readouterr().out

@@ -1,0 +1,80 @@
+"""The book's own invariants: every chapter is in the TOC, has the generated setup cell, is stored executed."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
+sys.path.insert(0, str(ROOT / "tools"))
+import setup_cell  # noqa: E402
+
+
+def toc_files():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    return [c["file"] for part in toc["parts"] for c in part["chapters"]]
+
+
+def test_every_chapter_is_in_the_toc_and_every_toc_entry_exists():
+    listed = toc_files()
+    assert sorted(f"chapters/{p.stem}" for p in CHAPTERS) == sorted(f for f in listed if f.startswith("chapters/"))
+    for f in listed:
+        assert (ROOT / f"{f}.ipynb").exists() or (ROOT / f"{f}.md").exists(), f
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_chapter_layout(path):
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# "), "starts with a title"
+    assert re.fullmatch(r"#\| default_exp \w+", code[0].source), "first code cell: #| default_exp"
+    assert "remove-cell" in code[0].metadata.get("tags", []), "the default_exp cell is hidden in the book"
+    assert code[1].source == setup_cell.setup_cell_source(), "second code cell: the generated setup cell"
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert "## Summary" in text and "## Exercises" in text
+    assert "{cite}`" in text, "cites its sources"
+    assert any(c.source.startswith("#| export") for c in code)
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_chapter_is_stored_executed_in_order_without_errors(path):
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code" and c.source.strip()]
+    counts = [c.execution_count for c in code]
+    assert None not in counts, "every code cell executed (nbval skips cells without an execution count)"
+    assert counts == sorted(counts), "executed top to bottom"
+    for c in code:
+        for out in c.outputs:
+            if out.output_type == "error":
+                assert "raises-exception" in c.metadata.get("tags", []), f"unexpected error: {out.ename}"
+            text = out.get("text", "") + str(out.get("data", {}).get("text/plain", ""))
+            assert "<matplotlib." not in text, "end plotting cells with plt.show()"
+            assert "Warning" not in text or "NBVAL_IGNORE_OUTPUT" in c.source, f"a warning leaked into the book: {text[:200]}"
+
+
+def test_setup_cells_agree_with_config():
+    assert subprocess.run([sys.executable, str(ROOT / "tools" / "setup_cell.py")], cwd=ROOT).returncode == 0
+
+
+def test_repository_url_is_kept_in_one_place():
+    url = setup_cell.repository_url()
+    assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", url)
+    hits = [p for p in ROOT.rglob("*") if p.is_file() and p.suffix in {".py", ".yml", ".toml", ".md", ".cfg"}
+            and not {"_build", ".venv", ".git"} & set(p.parts) and url in p.read_text(errors="ignore")]
+    assert [p.relative_to(ROOT).as_posix() for p in hits] == ["_config.yml"]
+
+
+def test_bibliography_has_the_paper():
+    bib = (ROOT / "references.bib").read_text()
+    assert "@inproceedings{vaswani2017attention," in bib
+    cited = set()
+    for p in CHAPTERS + [ROOT / "intro.md"]:
+        cited |= set(re.findall(r"\{cite\}`([^`]+)`", p.read_text()))
+    keys = {k.strip() for c in cited for k in c.split(",")}
+    missing = {k for k in keys if f"{{{k}," not in bib}
+    assert not missing, f"cited but not in references.bib: {missing}"
