@@ -1,0 +1,107 @@
+"""The built book in a real browser (Debian's Chromium, driven by Playwright), opened from disk, offline.
+
+For every chapter page: MathJax (served from the book itself) typeset the math and left no raw TeX, every
+figure decodes, no local (file:) request failed, nothing was fetched from the network, and the Colab
+button points at .../github/<owner>/<repo>/blob/<branch>/chapters/<file>.ipynb.
+
+Needs `_build/html` (`make book`, or `make book-stored` after nbval) and /usr/bin/chromium
+(`apt-get install chromium`); skipped, with the reason, when either is missing."""
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+HTML = ROOT / "_build" / "html"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
+TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())
+CHAPTERS = [c["file"] for part in TOC["parts"] for c in part["chapters"] if c["file"].startswith("chapters/")]
+
+if not Path(CHROMIUM).exists():
+    pytest.skip("Chromium not found at /usr/bin/chromium (apt-get install chromium): browser check skipped",
+                allow_module_level=True)
+if not (HTML / "index.html").exists():
+    pytest.skip("_build/html not built (run `make book`): browser check skipped", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        yield b
+        b.close()
+
+
+def open_page(browser, rel):
+    page = browser.new_page()
+    failed, remote = [], []
+    page.on("requestfailed", lambda r: failed.append(r.url))
+    page.on("request", lambda r: remote.append(r.url) if not r.url.startswith(("file:", "data:", "blob:")) else None)
+    page.goto((HTML / rel).as_uri(), wait_until="load")
+    if page.evaluate("() => [...document.scripts].some(s => /mathjax/i.test(s.src))"):   # pages with math
+        page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30_000)
+        page.evaluate("() => MathJax.startup.promise")
+    return page, failed, remote
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.split("/")[-1])
+def test_chapter_page_renders_offline(browser, chapter):
+    page, failed, remote = open_page(browser, f"{chapter}.html")
+    try:
+        assert page.evaluate("() => document.querySelectorAll('article').length") > 0
+        # math: typeset by the MathJax copied into the book, none left as raw TeX
+        scripts = page.evaluate("() => [...document.scripts].map(s => s.src).filter(s => /mathjax/i.test(s))")
+        assert scripts and all(s.startswith("file:") and "/_static/mathjax/" in s for s in scripts), scripts
+        assert page.evaluate("() => document.querySelectorAll('mjx-container').length") > 0, "no typeset math"
+        raw = page.evaluate("""() => [...document.querySelectorAll('span.math, div.math')]
+            .filter(e => !e.querySelector('mjx-container')).map(e => e.textContent.slice(0, 80))""")
+        assert raw == [], f"math left as raw TeX: {raw[:5]}"
+        # every figure decodes
+        images = page.evaluate("""() => [...document.querySelectorAll('article img')]
+            .map(i => ({src: i.currentSrc || i.src, ok: i.complete && i.naturalWidth > 0}))""")
+        broken = [i["src"] for i in images if not i["ok"]]
+        assert not broken, f"images that do not decode: {broken}"
+        assert failed == [], f"local requests that failed: {failed}"
+        assert remote == [], f"the page fetched from the network: {remote}"
+        # the Colab button
+        owner_repo = re.fullmatch(r"https://github\.com/(.+)", CONFIG["repository"]["url"].rstrip("/")).group(1)
+        links = page.evaluate("() => [...document.querySelectorAll('a')].map(a => a.href)"
+                              ".filter(h => h.includes('colab.research.google.com'))")
+        expected = (f"https://colab.research.google.com/github/{owner_repo}/blob/"
+                    f"{CONFIG['repository']['branch']}/{chapter}.ipynb")
+        assert expected in links, f"Colab link {links} != {expected}"
+    finally:
+        page.close()
+
+
+def test_chapter_pages_have_figures(browser):
+    """Every chapter teaches with at least one figure (and the check above proves they decode)."""
+    for chapter in CHAPTERS:
+        page, _, _ = open_page(browser, f"{chapter}.html")
+        try:
+            assert page.evaluate("() => document.querySelectorAll('article img').length") > 0, chapter
+        finally:
+            page.close()
+
+
+def test_landing_page_and_bibliography(browser):
+    page, failed, remote = open_page(browser, "intro.html")
+    try:
+        links = page.evaluate("() => [...document.querySelectorAll('article a')].map(a => a.getAttribute('href'))")
+        assert all(any(h and h.startswith(f"{c}.html") for h in links) for c in CHAPTERS), links
+        assert failed == [] and remote == []
+    finally:
+        page.close()
+    page, failed, remote = open_page(browser, "references.html")
+    try:
+        assert "attention is all you need" in page.inner_text("article").lower()
+        assert failed == [] and remote == []
+    finally:
+        page.close()
