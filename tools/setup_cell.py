@@ -37,7 +37,8 @@ def setup_cell_source() -> str:
 
 
 def find_setup_cells(nb) -> list[int]:
-    return [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.startswith(FIRST_LINE)]
+    """Indices of the code cells that start with `# Setup:` (a new chapter may hold a placeholder)."""
+    return [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.startswith("# Setup:")]
 
 
 def main(argv: list[str]) -> int:
