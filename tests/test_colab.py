@@ -7,7 +7,6 @@ Slow (about a minute: it installs torch into the new environment); skip it with 
 import json
 import os
 import subprocess
-import sys
 import textwrap
 import venv
 from pathlib import Path
