@@ -37,7 +37,7 @@ sync-check: venv
 	$(BIN)/python tools/setup_cell.py
 
 lint: venv
-	$(BIN)/ruff check transformer_lib tests tools
+	$(BIN)/ruff check transformer_lib tests tools benchmarks
 
 test-lib: venv
 	$(BIN)/pytest tests -n $(JOBS) --ignore=tests/test_browser.py
