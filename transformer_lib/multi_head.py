@@ -4,8 +4,6 @@
 __all__ = ['MultiHeadAttention', 'copy_to_torch_mha', 'torch_attn_mask', 'check_split_merge']
 
 # %% ../chapters/02_multi_head_attention.ipynb #c003
-import math
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

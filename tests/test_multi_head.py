@@ -1,0 +1,293 @@
+"""Tests for transformer_lib.multi_head (Chapter 2): equality with torch.nn.MultiheadAttention in float64,
+the fast path, masks, shapes, gradients, FLOPs, every ValueError, and the exercise checker."""
+
+import functools
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from transformer_lib.attention import causal_mask, padding_mask
+from transformer_lib.multi_head import (
+    MultiHeadAttention,
+    check_split_merge,
+    copy_to_torch_mha,
+    torch_attn_mask,
+)
+
+F64 = dict(dtype=torch.float64)
+B, N, D, H, NQ, NK = 3, 6, 32, 4, 4, 7
+TOL = 1e-12
+
+
+def make_pair(bias=True, seed=0):
+    torch.manual_seed(seed)
+    ours = MultiHeadAttention(D, H, bias=bias).to(**F64).eval()
+    theirs = nn.MultiheadAttention(D, H, bias=bias, batch_first=True, **F64).eval()
+    return ours, copy_to_torch_mha(ours, theirs)
+
+
+def mask_cases():
+    """name -> (query, key, value, our mask, nn.MultiheadAttention mask kwargs)."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(B, N, D, generator=g, **F64)
+    q = torch.randn(B, NQ, D, generator=g, **F64)
+    mem = torch.randn(B, NK, D, generator=g, **F64)
+    tokens = torch.tensor([[5, 3, 8, 2, 9, 4], [7, 1, 6, 0, 0, 0], [2, 2, 0, 0, 0, 0]])
+    src = torch.tensor([[4, 4, 1, 9, 3, 0, 0], [8, 2, 5, 6, 7, 1, 3], [6, 0, 0, 0, 0, 0, 0]])
+    per_head = torch.rand(B, H, NQ, NK, generator=g) < 0.5
+    per_head[..., 0] = True
+    causal, pad = causal_mask(N), padding_mask(tokens, 0)
+    return {
+        "self-none": (x, x, x, None, {}),
+        "self-causal": (x, x, x, causal, dict(attn_mask=~causal)),
+        "self-padding": (x, x, x, pad, dict(key_padding_mask=tokens == 0)),
+        "self-causal-padding": (x, x, x, causal & pad, dict(attn_mask=~causal, key_padding_mask=tokens == 0)),
+        "self-causal-as-4d": (x, x, x, (causal & pad), dict(attn_mask=torch_attn_mask(causal & pad, B, H, N, N))),
+        "cross-none": (q, mem, mem, None, {}),
+        "cross-padding": (q, mem, mem, padding_mask(src, 0), dict(key_padding_mask=src == 0)),
+        "cross-per-head": (q, mem, mem, per_head, dict(attn_mask=torch_attn_mask(per_head, B, H, NQ, NK))),
+        "cross-distinct-kv": (q, mem, mem.flip(1), None, {}),
+    }
+
+
+CASES = mask_cases()
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("name", list(CASES))
+def test_equals_torch_multihead_attention(name, bias):
+    ours, theirs = make_pair(bias)
+    q, k, v, mask, kwargs = CASES[name]
+    with torch.no_grad():
+        out, w = ours(q, k, v, mask, need_weights=True)
+        fast, none = ours(q, k, v, mask)
+        ref, ref_w = theirs(q, k, v, need_weights=True, average_attn_weights=False, **kwargs)
+    assert none is None
+    assert out.shape == (q.size(0), q.size(1), D) and w.shape == (q.size(0), H, q.size(1), k.size(1))
+    assert (out - ref).abs().max() < TOL
+    assert (w - ref_w).abs().max() < TOL
+    assert (fast - ref).abs().max() < TOL
+
+
+def test_gradients_equal_torch():
+    ours, theirs = make_pair()
+    x, _, _, mask, kwargs = CASES["self-causal-padding"]
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    up = torch.randn_like(x)
+    (ours(xa, xa, xa, mask)[0] * up).sum().backward()
+    (theirs(xb, xb, xb, need_weights=False, **kwargs)[0] * up).sum().backward()
+    assert (xa.grad - xb.grad).abs().max() < TOL
+    stacked = torch.cat([ours.W_q.weight.grad, ours.W_k.weight.grad, ours.W_v.weight.grad])
+    assert (stacked - theirs.in_proj_weight.grad).abs().max() < TOL
+    stacked_b = torch.cat([ours.W_q.bias.grad, ours.W_k.bias.grad, ours.W_v.bias.grad])
+    assert (stacked_b - theirs.in_proj_bias.grad).abs().max() < TOL
+    assert (ours.W_o.weight.grad - theirs.out_proj.weight.grad).abs().max() < TOL
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_gradcheck(need_weights):
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(8, 2).to(**F64)
+    x = torch.randn(2, 4, 8, **F64, requires_grad=True)
+    m = torch.randn(2, 3, 8, **F64, requires_grad=True)
+    mask = causal_mask(4)[:, :3]
+    assert torch.autograd.gradcheck(lambda a, b: mha(a, b, b, mask, need_weights=need_weights)[0], (x, m))
+
+
+def test_fully_masked_rows_give_bias_not_nan():
+    ours, theirs = make_pair()
+    x = CASES["self-none"][0][:1]
+    left = torch.tensor([[0, 0, 4, 7, 1, 3]])
+    mask = causal_mask(N) & padding_mask(left, 0)
+    with torch.no_grad():
+        out, w = ours(x, x, x, mask, need_weights=True)
+        fast, _ = ours(x, x, x, mask)
+        ref, _ = theirs(x, x, x, attn_mask=~causal_mask(N), key_padding_mask=left == 0)
+    assert torch.isfinite(out).all() and torch.isfinite(fast).all()
+    assert torch.equal(w[0, :, :2], torch.zeros(H, 2, N, **F64))
+    assert torch.allclose(out[0, :2], ours.W_o.bias.expand(2, -1), rtol=0, atol=TOL)
+    assert (fast - out).abs().max() < TOL
+    assert torch.isnan(ref[0, :2]).all()           # PyTorch's module gives NaN there
+    assert (out[0, 2:] - ref[0, 2:]).abs().max() < TOL
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_causal_mask_blocks_the_future(need_weights):
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(D, H).to(**F64).eval()
+    x = torch.randn(2, N, D, **F64)
+    y = x.clone()
+    y[:, 4:] = torch.randn(2, N - 4, D, **F64)        # change only the future of positions 0..3
+    mask = causal_mask(N)
+    with torch.no_grad():
+        a, b = mha(x, x, x, mask, need_weights)[0], mha(y, y, y, mask, need_weights)[0]
+    assert torch.equal(a[:, :4], b[:, :4])
+    assert not torch.allclose(a[:, 4:], b[:, 4:])
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_padding_mask_hides_padded_keys(need_weights):
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(D, H).to(**F64).eval()
+    q = torch.randn(2, NQ, D, **F64)
+    mem = torch.randn(2, NK, D, **F64)
+    tokens = torch.tensor([[1, 2, 3, 4, 5, 0, 0], [1, 2, 3, 0, 0, 0, 0]])
+    changed = mem.clone()
+    changed[tokens == 0] = 100.0                       # garbage at the padded positions
+    mask = padding_mask(tokens, 0)
+    with torch.no_grad():
+        a = mha(q, mem, mem, mask, need_weights)[0]
+        b = mha(q, changed, changed, mask, need_weights)[0]
+    assert (a - b).abs().max() < TOL
+
+
+def test_split_heads_layout_and_merge_inverse():
+    mha = MultiHeadAttention(12, 3)
+    x = torch.randn(2, 5, 12)
+    heads = mha.split_heads(x)
+    assert heads.shape == (2, 3, 5, 4)
+    for i in range(3):
+        assert torch.equal(heads[:, i], x[..., 4 * i:4 * (i + 1)])   # head i = feature block i
+    assert torch.equal(mha.merge_heads(heads), x)
+    y = torch.randn(2, 3, 5, 4)                                      # contiguous (B, h, n, d_k) input
+    assert torch.equal(mha.split_heads(mha.merge_heads(y)), y)
+
+
+def test_attributes_and_parameter_count():
+    mha = MultiHeadAttention(512, 8, dropout=0.1)
+    assert (mha.d_model, mha.num_heads, mha.d_k) == (512, 8, 64)
+    assert isinstance(mha.dropout, nn.Dropout) and mha.dropout.p == 0.1
+    for lin in (mha.W_q, mha.W_k, mha.W_v, mha.W_o):
+        assert isinstance(lin, nn.Linear) and lin.weight.shape == (512, 512)
+    assert sum(p.numel() for p in mha.parameters()) == 1_050_624
+    assert sum(p.numel() for p in MultiHeadAttention(512, 8, bias=False).parameters()) == 4 * 512**2
+
+
+def test_flops_do_not_depend_on_heads():
+    x = torch.randn(2, 16, 64)
+    counts = []
+    for h in (1, 4, 16):
+        mha = MultiHeadAttention(64, h)
+        counter = FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            mha(x, x, x, need_weights=True)
+        counts.append(counter.get_total_flops())
+    assert counts == [8 * 2 * 16 * 64**2 + 4 * 2 * 16**2 * 64] * 3
+
+
+def test_dropout_only_in_training():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(D, H, dropout=0.5).to(**F64)
+    x = torch.randn(2, N, D, **F64)
+    mha.eval()
+    a, w = mha(x, x, x, need_weights=True)
+    assert torch.allclose(a, mha(x, x, x)[0], rtol=0, atol=TOL)
+    assert torch.allclose(w.sum(-1), torch.ones(2, H, N, **F64))
+    mha.train()
+    out_w, w_train = mha(x, x, x, need_weights=True)
+    out_fast, _ = mha(x, x, x)
+    assert not torch.allclose(out_w, a) and not torch.allclose(out_fast, a)
+    assert (w_train == 0).any()                                     # some weights dropped ...
+    kept = w_train != 0
+    assert torch.allclose(w_train[kept], 2 * w[kept])               # ... the rest scaled by 1 / (1 - p)
+
+
+def test_torch_attn_mask_layout():
+    mask = torch.rand(2, 3, 4, 5) < 0.5
+    out = torch_attn_mask(mask, 2, 3, 4, 5)
+    assert out.shape == (6, 4, 5) and out.dtype == torch.bool
+    assert torch.equal(out[1 * 3 + 2], ~mask[1, 2])                 # row b*h + i holds batch b, head i
+    assert torch.equal(torch_attn_mask(causal_mask(4), 2, 3, 4, 4)[5], ~causal_mask(4))
+
+
+# ---- ValueError paths --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("args, match", [
+    ((512, 6), "divisible by num_heads=6"),
+    ((0, 1), "d_model must be a positive int"),
+    ((8, 0), "num_heads must be a positive int"),
+    ((8.0, 2), "d_model must be a positive int"),
+])
+def test_constructor_errors(args, match):
+    with pytest.raises(ValueError, match=match):
+        MultiHeadAttention(*args)
+
+
+def _inputs():
+    return torch.randn(2, 5, 32), torch.randn(2, 7, 32)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda m, x, mem: m(torch.randn(2, 5, 48), mem, mem), r"query must have shape \(B, n, d_model=32\)"),
+    (lambda m, x, mem: m(x[0], mem, mem), r"query must have shape .* got \(5, 32\)"),
+    (lambda m, x, mem: m(x, mem[..., :16], mem), r"key must have shape"),
+    (lambda m, x, mem: m(x, mem, [1, 2]), r"value must have shape .* got list"),
+    (lambda m, x, mem: m(x, mem, mem[:, :6]), "key and value must have the same length n_k"),
+    (lambda m, x, mem: m(x, mem[:1], mem[:1]), "same batch size B"),
+    (lambda m, x, mem: m(x, mem, mem, torch.ones(2, 5, 7, dtype=torch.bool)), r"mask\[:, None\]"),
+    (lambda m, x, mem: m(x, mem, mem, torch.ones(7, dtype=torch.bool)), "mask must be 2-D"),
+    (lambda m, x, mem: m(x, mem, mem, causal_mask(5)), "does not broadcast"),
+    (lambda m, x, mem: m(x, mem, mem, torch.ones(2, 3, 5, 7, dtype=torch.bool)), "does not broadcast"),
+    (lambda m, x, mem: m(x, x, x, torch.ones(5, 5)), "mask must be a bool tensor"),
+])
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_forward_errors(call, match, need_weights):
+    mha = functools.partial(MultiHeadAttention(32, 4), need_weights=need_weights)
+    x, mem = _inputs()
+    with pytest.raises(ValueError, match=match):
+        call(mha, x, mem)
+
+
+def test_copy_to_torch_mha_errors():
+    mha = MultiHeadAttention(32, 4)
+    with pytest.raises(ValueError, match="must be an nn.MultiheadAttention"):
+        copy_to_torch_mha(mha, nn.Linear(32, 32))
+    with pytest.raises(ValueError, match="num_heads=4"):
+        copy_to_torch_mha(mha, nn.MultiheadAttention(32, 8, batch_first=True))
+    with pytest.raises(ValueError, match="kdim = vdim"):
+        copy_to_torch_mha(mha, nn.MultiheadAttention(32, 4, kdim=16, vdim=16, batch_first=True))
+    with pytest.raises(ValueError, match="bias"):
+        copy_to_torch_mha(mha, nn.MultiheadAttention(32, 4, bias=False, batch_first=True))
+
+
+def test_torch_attn_mask_errors():
+    with pytest.raises(ValueError, match="bool tensor"):
+        torch_attn_mask(torch.ones(4, 5), 2, 3, 4, 5)
+    with pytest.raises(ValueError, match="does not broadcast"):
+        torch_attn_mask(torch.ones(4, 6, dtype=torch.bool), 2, 3, 4, 5)
+
+
+# ---- the exercise checker ----------------------------------------------------------------------------------
+def good_split(x, h):
+    B, n, d = x.shape
+    return x.view(B, n, h, d // h).transpose(1, 2)
+
+
+def good_merge(x):
+    B, h, n, d_k = x.shape
+    return x.transpose(1, 2).reshape(B, n, h * d_k)
+
+
+def test_checker_accepts_correct_and_module_methods(capsys):
+    check_split_merge(good_split, good_merge)
+    check_split_merge(lambda x, h: MultiHeadAttention(x.size(-1), h).split_heads(x),
+                      lambda x: MultiHeadAttention(x.size(1) * x.size(3), x.size(1)).merge_heads(x))
+    assert "check_split_merge: correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("split, merge, match", [
+    (lambda x, h: x.view(x.size(0), x.size(1), h, -1), good_merge, r"that is \(B, n, h, d_k\); swap"),
+    (lambda x, h: x.view(x.size(0), h, x.size(1), -1), good_merge, "reshaped straight to"),
+    (lambda x, h: x.view(x.size(0), x.size(1), -1, h).permute(0, 3, 1, 2), good_merge, "heads interleaved"),
+    (lambda x, h: good_split(x, h) * 1.5, good_merge, r"head \d+, position \d+, feature \d+"),
+    (lambda x, h: good_split(x, h).tolist(), good_merge, "must return a tensor"),
+    (good_split, lambda x: x.reshape(x.size(0), x.size(2), -1), "straight to \\(B, n, d_model\\)"),
+    (good_split, lambda x: x.permute(0, 2, 3, 1).reshape(x.size(0), x.size(2), -1), "heads interleaved"),
+    (good_split, lambda x: x.transpose(1, 2), r"that is \(B, n, h, d_k\); flatten"),
+    (good_split, lambda x: x.transpose(1, 2).view(x.size(0), x.size(2), -1), "not contiguous"),
+    (good_split, lambda x: good_merge(x) + 1, r"output\[\d+, \d+, \d+\] should be"),
+])
+def test_checker_diagnoses_bugs(split, merge, match):
+    with pytest.raises(AssertionError, match=match):
+        check_split_merge(split, merge)
