@@ -21,10 +21,11 @@ FIRST_LINE = "# Setup: on Colab, install this book's library; on a local clone, 
 TEMPLATE = '''{first_line}
 import importlib.util, os, subprocess, sys
 
-if importlib.util.find_spec("transformer_lib") is None:  # not installed: we are on Colab (or similar)
-    source = os.environ.get("TRANSFORMER_LIB_SOURCE", "git+{url}.git")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"transformer_lib[book] @ {{source}}"],
-                   check=True)'''
+if importlib.util.find_spec("transformer_lib") is None:  # not installed: Colab or similar
+    repository = "git+{url}.git"
+    source = os.environ.get("TRANSFORMER_LIB_SOURCE", repository)
+    requirement = f"transformer_lib[book] @ {{source}}"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", requirement], check=True)'''
 
 
 def repository_url() -> str:
