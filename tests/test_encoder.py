@@ -1,0 +1,252 @@
+"""transformer_lib.encoder (Chapter 6) against nn.TransformerEncoderLayer / nn.TransformerEncoder in float64."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+
+from transformer_lib.encoder import (
+    Encoder,
+    EncoderLayer,
+    check_encoder_layer,
+    copy_attention_to_torch,
+    encoder_layer_to_torch,
+    encoder_to_torch,
+)
+from transformer_lib.multi_head import MultiHeadAttention
+
+DT = torch.float64
+ATOL = 1e-12
+
+
+def randomize(module, seed, std=0.3):
+    """Random values for every parameter, LayerNorm gains and biases included, so that all of them matter."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(std * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return module
+
+
+def padded_batch(B, S, d_model, seed):
+    """x (B, S, d_model) float64 and a (B, 1, 1, S) padding mask with random lengths (at least one real token)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, S, d_model, generator=g, dtype=DT)
+    lengths = torch.randint(1, S + 1, (B,), generator=g)
+    lengths[0] = S                                               # one full-length sentence
+    mask = (torch.arange(S) < lengths[:, None])[:, None, None, :]
+    return x, mask
+
+
+# ---------------------------------------------------------------- equality with PyTorch
+
+def test_attention_copy_equals_nn_multihead_attention():
+    ours = randomize(MultiHeadAttention(24, 3).double(), 0)
+    theirs = nn.MultiheadAttention(24, 3, batch_first=True, dtype=DT)
+    copy_attention_to_torch(ours, theirs)
+    x, mask = padded_batch(3, 7, 24, seed=1)
+    a, _ = ours(x, x, x, mask)
+    b, _ = theirs(x, x, x, key_padding_mask=~mask[:, 0, 0, :], need_weights=False)
+    torch.testing.assert_close(a, b, rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("train_mode", [True, False])
+def test_layer_equals_torch_with_padding(norm_first, train_mode):
+    ours = randomize(EncoderLayer(32, 4, 48, dropout=0.0, norm_first=norm_first).double(), seed=2)
+    ours.train(train_mode)
+    theirs = encoder_layer_to_torch(ours)
+    assert theirs.training == train_mode and theirs.norm_first == norm_first
+    x, mask = padded_batch(4, 9, 32, seed=3)
+    with torch.set_grad_enabled(train_mode):               # eval + no_grad: PyTorch's fused fast path
+        a = ours(x, mask)
+        b = theirs(x, src_key_padding_mask=~mask[:, 0, 0, :])
+    torch.testing.assert_close(a, b, rtol=0, atol=ATOL)
+
+
+def test_layer_equals_torch_without_mask_and_with_a_general_mask():
+    ours = randomize(EncoderLayer(16, 2, 32, dropout=0.0).double(), seed=4)
+    theirs = encoder_layer_to_torch(ours)
+    x, _ = padded_batch(2, 6, 16, seed=5)
+    torch.testing.assert_close(ours(x), theirs(x), rtol=0, atol=ATOL)
+    allowed = torch.rand(6, 6, generator=torch.Generator().manual_seed(6)) < 0.6
+    allowed |= torch.eye(6, dtype=torch.bool)                # every query keeps at least itself
+    torch.testing.assert_close(ours(x, allowed), theirs(x, src_mask=~allowed), rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("num_layers, final_norm, norm_first", [(1, True, False), (3, True, False),
+                                                               (2, False, False), (2, True, True)])
+def test_encoder_equals_torch(num_layers, final_norm, norm_first):
+    ours = Encoder(num_layers, 32, 4, 64, dropout=0.0, norm_first=norm_first, final_norm=final_norm).double()
+    randomize(ours, seed=num_layers)
+    theirs = encoder_to_torch(ours)
+    assert (theirs.norm is None) == (not final_norm) and len(theirs.layers) == num_layers
+    x, mask = padded_batch(3, 8, 32, seed=7)
+    torch.testing.assert_close(ours(x, mask), theirs(x, src_key_padding_mask=~mask[:, 0, 0, :]),
+                               rtol=0, atol=ATOL)
+
+
+def test_torch_fast_path_zeroes_padding_but_real_positions_agree():
+    ours = randomize(Encoder(2, 16, 2, 32, dropout=0.0).double(), seed=8).eval()
+    theirs = encoder_to_torch(ours, enable_nested_tensor=True)
+    x, mask = padded_batch(4, 7, 16, seed=9)
+    real = mask[:, 0, 0, :]
+    assert not real.all()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a, b = ours(x, mask), theirs(x, src_key_padding_mask=~real)
+    assert torch.all(b[~real] == ours.norm.bias)               # zeros, then the final LayerNorm: LN(0) = beta
+    assert not torch.allclose(a[~real], b[~real])              # we compute something there
+    torch.testing.assert_close(a[real], b[real], rtol=0, atol=ATOL)
+
+
+# ---------------------------------------------------------------- masks and invariances
+
+def test_padding_is_invisible_to_real_tokens():
+    g = torch.Generator().manual_seed(10)
+    enc = randomize(Encoder(2, 16, 4, 32, dropout=0.0).double(), seed=11).eval()
+    for _ in range(20):
+        n, extra = int(torch.randint(1, 9, (1,), generator=g)), int(torch.randint(1, 6, (1,), generator=g))
+        x = torch.randn(1, n + extra, 16, generator=g, dtype=DT)
+        mask = (torch.arange(n + extra) < n)[None, None, None, :]
+        alone = enc(x[:, :n])
+        torch.testing.assert_close(enc(x, mask)[:, :n], alone, rtol=0, atol=ATOL)
+        assert (enc(x)[:, :n] - alone).abs().max() > 1e-3       # without the mask the padding leaks in
+
+
+def test_no_leakage_from_values_at_padded_positions():
+    enc = randomize(Encoder(2, 16, 4, 32, dropout=0.0).double(), seed=12).eval()
+    x, mask = padded_batch(4, 8, 16, seed=13)
+    real = mask[:, 0, 0, :]
+    x2 = x.clone()
+    x2[~real] = 1e3 * torch.randn(int((~real).sum()), 16, dtype=DT)
+    torch.testing.assert_close(enc(x2, mask)[real], enc(x, mask)[real], rtol=0, atol=ATOL)
+
+
+def test_batch_equals_sentences_alone():
+    enc = randomize(Encoder(2, 16, 2, 32, dropout=0.0).double(), seed=14).eval()
+    x, mask = padded_batch(5, 6, 16, seed=15)
+    together = enc(x, mask)
+    for b in range(5):
+        n = int(mask[b].sum())
+        torch.testing.assert_close(together[b, :n], enc(x[b:b + 1, :n])[0], rtol=0, atol=ATOL)
+
+
+def test_permutation_equivariance_without_positional_encoding():
+    layer = randomize(EncoderLayer(16, 4, 32, dropout=0.0).double(), seed=16)
+    x, _ = padded_batch(2, 7, 16, seed=17)
+    perm = torch.randperm(7, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(layer(x[:, perm]), layer(x)[:, perm], rtol=0, atol=ATOL)
+
+
+def test_post_norm_output_is_standardized_at_initialization():
+    layer = EncoderLayer(16, 4, 32, dropout=0.0).double()
+    y = layer(5 * padded_batch(2, 5, 16, seed=18)[0])
+    torch.testing.assert_close(y.mean(-1), torch.zeros(2, 5, dtype=DT), rtol=0, atol=1e-10)
+    torch.testing.assert_close(y.var(-1, unbiased=False), torch.ones(2, 5, dtype=DT), rtol=0, atol=1e-3)
+
+
+def test_need_weights_keeps_the_attention_maps():
+    enc = Encoder(2, 16, 4, 32, dropout=0.0).double().eval()
+    x, mask = padded_batch(3, 6, 16, seed=19)
+    out = enc(x, mask, need_weights=True)
+    torch.testing.assert_close(out, enc(x, mask), rtol=0, atol=ATOL)   # the slow path gives the same result
+    enc(x, mask, need_weights=True)
+    for layer in enc.layers:
+        w = layer.attn_weights
+        assert w.shape == (3, 4, 6, 6)
+        assert torch.all(w.masked_select(~mask.expand_as(w)) == 0)
+        torch.testing.assert_close(w.sum(-1), torch.ones(3, 4, 6, dtype=DT), rtol=0, atol=ATOL)
+    enc(x, mask)
+    assert all(layer.attn_weights is None for layer in enc.layers)
+
+
+# ---------------------------------------------------------------- structure, dropout, gradients
+
+def test_layers_have_independent_weights_and_the_closed_form_count():
+    enc = Encoder(3, 32, 4, 64)
+    assert len(enc.layers) == 3 and isinstance(enc.norm, nn.Module)
+    assert not torch.equal(enc.layers[0].self_attn.W_q.weight, enc.layers[1].self_attn.W_q.weight)
+    d, d_ff = 32, 64
+    per_layer = 4 * (d * d + d) + 2 * d * d_ff + d_ff + d + 4 * d
+    assert sum(p.numel() for p in enc.layers[0].parameters()) == per_layer
+    assert sum(p.numel() for p in enc.parameters()) == 3 * per_layer + 2 * d
+    assert Encoder(2, 32, 4, 64, final_norm=False).norm is None
+
+
+def test_dropout_is_active_only_in_training():
+    layer = EncoderLayer(16, 2, 32, dropout=0.5).double()
+    x, _ = padded_batch(2, 5, 16, seed=20)
+    layer.train()
+    assert not torch.allclose(layer(x), layer(x))
+    layer.eval()
+    torch.testing.assert_close(layer(x), layer(x), rtol=0, atol=0)
+
+
+def test_gradcheck():
+    layer = randomize(EncoderLayer(8, 2, 12, dropout=0.0).double(), seed=21)
+    x, mask = padded_batch(2, 4, 8, seed=22)
+    x.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda t: layer(t, mask), (x,))
+
+
+# ---------------------------------------------------------------- errors
+
+def test_clear_value_errors():
+    layer = EncoderLayer(16, 4, 32)
+    with pytest.raises(ValueError, match="d_model=16"):
+        layer(torch.randn(2, 5, 12))
+    with pytest.raises(ValueError, match=r"\(B, n, d_model=16\)"):
+        layer(torch.randn(5, 16))
+    with pytest.raises(ValueError, match="bool"):
+        layer(torch.randn(2, 5, 16), torch.ones(2, 1, 1, 5))
+    with pytest.raises(ValueError, match="broadcast"):
+        layer(torch.randn(2, 5, 16), torch.ones(2, 1, 1, 6, dtype=torch.bool))
+    with pytest.raises(ValueError, match="divisible"):
+        EncoderLayer(16, 3, 32)
+    with pytest.raises(ValueError, match="num_layers"):
+        Encoder(0, 16, 4, 32)
+
+
+# ---------------------------------------------------------------- the exercise checker
+
+def reference(layer, x, mask):
+    return layer(x, mask)
+
+
+def always_post_norm(layer, x, mask):
+    x = layer.sublayer1.norm(x + layer.self_attn(x, x, x, mask)[0])
+    return layer.sublayer2.norm(x + layer.feed_forward(x))
+
+
+def no_mask(layer, x, mask):
+    return layer(x, None)
+
+
+def no_residual(layer, x, mask):
+    def attend(y):
+        return layer.self_attn(y, y, y, mask)[0]
+    if layer.sublayer1.norm_first:
+        x = attend(layer.sublayer1.norm(x))
+        return x + layer.feed_forward(layer.sublayer2.norm(x))
+    x = layer.sublayer1.norm(attend(x))
+    return layer.sublayer2.norm(x + layer.feed_forward(x))
+
+
+def test_check_encoder_layer_accepts_the_reference(capsys):
+    check_encoder_layer(reference)
+    assert "match" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fn, message", [
+    (always_post_norm, "other norm placement"),
+    (no_mask, "ignores the padding mask"),
+    (no_residual, "residual connection around self-attention"),
+    (lambda layer, x, mask: x[:, :1], "expected shape"),
+    (lambda layer, x, mask: None, "expected a tensor"),
+    (lambda layer, x, mask: layer(x, mask) + 1e-3, "max |difference|"),
+])
+def test_check_encoder_layer_names_the_mistake(fn, message):
+    with pytest.raises(AssertionError, match=message.replace("|", r"\|")):
+        check_encoder_layer(fn)

@@ -1,0 +1,275 @@
+"""transformer_lib.model (Chapter 7): the whole Transformer against nn.Transformer (float64), parameter counts,
+weight tying, causality (a hypothesis property), padding invariance, and the input errors."""
+
+import functools
+import math
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from transformer_lib.attention import causal_mask
+from transformer_lib.model import Transformer, TransformerConfig, check_parameter_count, transformer_to_torch
+from transformer_lib.positional import sinusoidal_encoding
+
+DT = torch.float64
+ATOL = 1e-12
+
+
+def small_config(**overrides):
+    fields = dict(src_vocab_size=50, tgt_vocab_size=50, d_model=32, num_heads=4, d_ff=64, num_encoder_layers=2,
+                  num_decoder_layers=2, dropout=0.0)
+    return TransformerConfig(**{**fields, **overrides})
+
+
+def randomize(module, seed, std=0.3):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(std * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return module
+
+
+def reference_logits(model, src, tgt):
+    """nn.Transformer plus the paper's embedding and output formulas, independent of Transformer.forward."""
+    c = model.config
+    E_src, E_tgt, W = model.src_embed.weight, model.tgt_embed.weight, model.generator.weight
+    pe = sinusoidal_encoding(max(src.size(1), tgt.size(1)), c.d_model).to(DT)
+    x = E_src[src] * math.sqrt(c.d_model) + pe[:src.size(1)]
+    y = E_tgt[tgt] * math.sqrt(c.d_model) + pe[:tgt.size(1)]
+    T = tgt.size(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = transformer_to_torch(model)(
+            x, y, tgt_mask=torch.ones(T, T, dtype=torch.bool).triu(1),
+            src_key_padding_mask=src == c.pad_id, memory_key_padding_mask=src == c.pad_id)
+    return out @ W.T
+
+
+def tokens(B, n, vocab, seed, pad_from=None):
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randint(1, vocab, (B, n), generator=g)
+    if pad_from is not None:
+        for b, start in enumerate(pad_from):
+            t[b, start:] = 0
+    return t
+
+
+# ---------------------------------------------------------------- configuration and parameter counts
+
+def closed_form(V, d, d_ff, N):
+    return V * d + N * (12 * d * d + 4 * d * d_ff + 2 * d_ff + 24 * d) + 4 * d
+
+
+def count(config):
+    with torch.device("meta"):
+        return sum(p.numel() for p in Transformer(config).parameters())
+
+
+def test_presets_follow_table_3():
+    base, big = TransformerConfig.base(), TransformerConfig.big()
+    assert (base.d_model, base.d_ff, base.num_heads, base.num_encoder_layers, base.num_decoder_layers,
+            base.dropout) == (512, 2048, 8, 6, 6, 0.1)
+    assert (big.d_model, big.d_ff, big.num_heads, big.num_encoder_layers, big.dropout) == (1024, 4096, 16, 6, 0.3)
+    assert big.d_model // big.num_heads == base.d_model // base.num_heads == 64
+    assert base.src_vocab_size == base.tgt_vocab_size == 37000 and base.tie_embeddings
+    assert TransformerConfig.base(1000, dropout=0.0).dropout == 0.0
+
+
+def test_parameter_counts_are_exact_and_near_the_paper():
+    n_base, n_big = count(TransformerConfig.base()), count(TransformerConfig.big())
+    assert n_base == closed_form(37000, 512, 2048, 6) == 63_084_544
+    assert n_big == closed_form(37000, 1024, 4096, 6) == 214_249_472
+    assert count(TransformerConfig.base(final_norm=False)) == 63_082_496
+    assert abs(n_base / 65e6 - 1) < 0.05 and abs(n_big / 213e6 - 1) < 0.05
+    untied = count(TransformerConfig.base(tie_embeddings=False))
+    assert untied - n_base == 2 * 37000 * 512
+
+
+# ---------------------------------------------------------------- equality with nn.Transformer
+
+@pytest.mark.parametrize("overrides", [{}, {"norm_first": True}, {"num_encoder_layers": 1, "num_decoder_layers": 3},
+                                       {"tie_embeddings": False, "tgt_vocab_size": 70}, {"final_norm": False}])
+def test_model_equals_nn_transformer(overrides):
+    model = randomize(Transformer(small_config(**overrides)).double(), seed=1).eval()
+    src = tokens(4, 9, 50, seed=2, pad_from=[9, 6, 3, 1])
+    tgt = tokens(4, 7, model.config.tgt_vocab_size, seed=3)
+    with torch.no_grad():
+        ours = model(src, tgt, model.make_src_mask(src), causal_mask(7))
+        theirs = reference_logits(model, src, tgt)
+    assert ours.shape == (4, 7, model.config.tgt_vocab_size)
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=ATOL)
+
+
+def test_encode_decode_compose_to_forward():
+    model = Transformer(small_config()).double().eval()
+    src, tgt = tokens(2, 6, 50, seed=4, pad_from=[6, 2]), tokens(2, 5, 50, seed=5)
+    src_mask, tgt_mask = model.make_src_mask(src), model.make_tgt_mask(tgt)
+    memory = model.encode(src, src_mask)
+    assert memory.shape == (2, 6, 32)
+    hidden = model.decode(tgt, memory, src_mask, tgt_mask)
+    assert hidden.shape == (2, 5, 32)
+    torch.testing.assert_close(model.generator(hidden), model(src, tgt, src_mask, tgt_mask), rtol=0, atol=0)
+    memory_w = model.encode(src, src_mask, need_weights=True)
+    hidden_w = model.decode(tgt, memory_w, src_mask, tgt_mask, need_weights=True)
+    torch.testing.assert_close(hidden_w, hidden, rtol=0, atol=ATOL)
+    assert model.encoder.layers[0].attn_weights.shape == (2, 4, 6, 6)
+    assert model.decoder.layers[-1].cross_attn_weights.shape == (2, 4, 5, 6)
+    assert torch.all(model.decoder.layers[-1].cross_attn_weights[1, :, :, 2:] == 0)
+
+
+def test_masks_from_pad_id():
+    model = Transformer(small_config(pad_id=3))
+    src = torch.tensor([[5, 6, 3, 3]])
+    assert model.make_src_mask(src).tolist() == [[[[True, True, False, False]]]]
+    tgt = torch.tensor([[3, 5, 6]])
+    expected = torch.tensor([[False, False, False], [False, True, False], [False, True, True]])
+    assert torch.equal(model.make_tgt_mask(tgt), expected[None, None])
+
+
+# ---------------------------------------------------------------- causality and padding (properties)
+
+@functools.cache
+def causal_model():
+    return randomize(Transformer(small_config(d_model=16, d_ff=32, num_heads=2)).double(), seed=6).eval()
+
+
+@settings(max_examples=20, deadline=None)
+@given(data=st.data(), B=st.integers(1, 3), S=st.integers(1, 6), T=st.integers(2, 7))
+def test_future_target_tokens_never_change_earlier_logits(data, B, S, T):
+    model = causal_model()
+    src = torch.tensor(data.draw(st.lists(st.lists(st.integers(1, 49), min_size=S, max_size=S),
+                                          min_size=B, max_size=B)))
+    tgt = torch.tensor(data.draw(st.lists(st.lists(st.integers(1, 49), min_size=T, max_size=T),
+                                          min_size=B, max_size=B)))
+    t = data.draw(st.integers(0, T - 2))
+    new_tail = torch.tensor(data.draw(st.lists(st.lists(st.integers(0, 49), min_size=T - t - 1,
+                                                        max_size=T - t - 1), min_size=B, max_size=B)))
+    changed = tgt.clone()
+    changed[:, t + 1:] = new_tail
+    with torch.no_grad():
+        a = model(src, tgt, tgt_mask=causal_mask(T))
+        b = model(src, changed, tgt_mask=causal_mask(T))
+    torch.testing.assert_close(b[:, :t + 1], a[:, :t + 1], rtol=0, atol=ATOL)
+
+
+def test_without_the_causal_mask_the_future_leaks():
+    model = causal_model()
+    src, tgt = tokens(2, 5, 50, seed=7), tokens(2, 6, 50, seed=8)
+    changed = tgt.clone()
+    changed[:, -1] = (changed[:, -1] % 49) + 1
+    with torch.no_grad():
+        assert (model(src, changed)[:, 0] - model(src, tgt)[:, 0]).abs().max() > 1e-6
+
+
+@settings(max_examples=12, deadline=None)
+@given(lengths=st.lists(st.integers(1, 6), min_size=1, max_size=3), extra=st.integers(1, 4), T=st.integers(1, 5))
+def test_appending_source_padding_changes_no_logit(lengths, extra, T):
+    model = causal_model()
+    S = max(lengths)
+    src = tokens(len(lengths), S, 50, seed=sum(lengths), pad_from=lengths)
+    padded = torch.cat([src, torch.zeros(len(lengths), extra, dtype=torch.long)], dim=1)
+    tgt = tokens(len(lengths), T, 50, seed=T)
+    with torch.no_grad():
+        a = model(src, tgt, model.make_src_mask(src), causal_mask(T))
+        b = model(padded, tgt, model.make_src_mask(padded), causal_mask(T))
+    torch.testing.assert_close(a, b, rtol=0, atol=ATOL)
+
+
+# ---------------------------------------------------------------- weight tying, initialization, dropout
+
+def test_three_way_tying_shares_one_matrix_and_its_gradient():
+    model = Transformer(small_config())
+    assert model.src_embed.weight is model.tgt_embed.weight is model.generator.weight
+    src, tgt = tokens(2, 4, 50, seed=9), tokens(2, 3, 50, seed=10)
+    model(src, tgt).sum().backward()
+    grad = model.generator.weight.grad
+    assert grad is not None and grad.shape == (50, 32)
+    untied = Transformer(small_config(tie_embeddings=False, tgt_vocab_size=60))
+    assert untied.src_embed.weight.shape == (50, 32) and untied.tgt_embed.weight.shape == (60, 32)
+    assert untied.generator.weight.data_ptr() != untied.tgt_embed.weight.data_ptr()
+
+
+def test_initialization_gives_unit_scale_embeddings_and_logits():
+    torch.manual_seed(0)
+    model = Transformer(small_config(src_vocab_size=2000, tgt_vocab_size=2000, d_model=256, d_ff=64,
+                                     num_encoder_layers=1, num_decoder_layers=1)).eval()
+    ids = torch.randint(0, 2000, (4, 16))
+    with torch.no_grad():
+        assert abs(model.src_embed(ids).std().item() - 1) < 0.05
+        assert 0.7 < model(ids, ids, tgt_mask=causal_mask(16)).std().item() < 1.4
+
+
+def test_dropout_only_in_training():
+    model = Transformer(small_config(dropout=0.3))
+    src, tgt = tokens(2, 5, 50, seed=11), tokens(2, 4, 50, seed=12)
+    model.train()
+    assert not torch.allclose(model(src, tgt), model(src, tgt))
+    model.eval()
+    torch.testing.assert_close(model(src, tgt), model(src, tgt), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- errors
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"src_vocab_size": 50, "tgt_vocab_size": 60}, "tie_embeddings=True needs one shared vocabulary"),
+    ({"num_heads": 5}, r"d_model \(32\) must be divisible by num_heads \(5\)"),
+    ({"num_encoder_layers": 0}, "num_encoder_layers must be a positive int"),
+    ({"d_model": 33, "num_heads": 3}, "even"),
+    ({"dropout": 1.0}, "dropout"),
+    ({"pad_id": 50}, "pad_id"),
+    ({"d_ff": 2.5}, "d_ff must be a positive int"),
+])
+def test_config_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        small_config(**kwargs)
+
+
+def test_input_errors():
+    model = Transformer(small_config())
+    good = torch.zeros(2, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="src must be a 2-D integer tensor"):
+        model(torch.rand(2, 4), good)
+    with pytest.raises(ValueError, match="tgt must be a 2-D integer tensor"):
+        model(good, torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="tgt must be a 2-D integer tensor"):
+        model(good, torch.zeros(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model.encode(torch.tensor([[1, 50]]))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        model(good, torch.tensor([[-1, 2, 3, 4], [1, 2, 3, 4]]))
+    with pytest.raises(ValueError, match="memory must have shape"):
+        model.decode(good, torch.zeros(3, 4, 32))
+    with pytest.raises(ValueError, match="memory must have shape"):
+        model.decode(good, torch.zeros(2, 4, 16))
+    with pytest.raises(ValueError, match="broadcast"):
+        model(good, good, tgt_mask=causal_mask(3))
+
+
+# ---------------------------------------------------------------- the exercise checker
+
+def exact_count(c):
+    d, f = c.d_model, c.d_ff
+    attention, ffn, norm = 4 * d * d + 4 * d, 2 * d * f + f + d, 2 * d
+    emb = c.src_vocab_size * d if c.tie_embeddings else (c.src_vocab_size + 2 * c.tgt_vocab_size) * d
+    return (emb + c.num_encoder_layers * (attention + ffn + 2 * norm)
+            + c.num_decoder_layers * (2 * attention + ffn + 3 * norm) + (2 * norm if c.final_norm else 0))
+
+
+def test_check_parameter_count_accepts_the_exact_count(capsys):
+    check_parameter_count(exact_count)
+    assert "exact" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fn, message", [
+    (lambda c: exact_count(c) - (4 * c.d_model if c.final_norm else 0), "final LayerNorms"),
+    (lambda c: exact_count(c) + (2 * c.src_vocab_size * c.d_model if c.tie_embeddings else 0), "counted once"),
+    (lambda c: exact_count(c) - c.num_decoder_layers * (4 * c.d_model ** 2 + 6 * c.d_model), "cross-attention"),
+    (lambda c: float(exact_count(c)), "expected an int"),
+    (lambda c: exact_count(c) + 1, r"difference \+1"),
+])
+def test_check_parameter_count_names_the_mistake(fn, message):
+    with pytest.raises(AssertionError, match=message):
+        check_parameter_count(fn)
