@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from helpers import randomize
 
 from transformer_lib.attention import causal_mask, padding_mask
 from transformer_lib.decoder import (
@@ -15,13 +16,6 @@ from transformer_lib.decoder import (
 DT = torch.float64
 ATOL = 1e-12
 
-
-def randomize(module, seed, std=0.3):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(std * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return module
 
 
 def problem(B=4, S=9, T=6, d_model=32, seed=0):

@@ -5,28 +5,20 @@ import warnings
 import pytest
 import torch
 import torch.nn as nn
+from helpers import randomize
 
 from transformer_lib.encoder import (
     Encoder,
     EncoderLayer,
     check_encoder_layer,
-    copy_attention_to_torch,
     encoder_layer_to_torch,
     encoder_to_torch,
 )
-from transformer_lib.multi_head import MultiHeadAttention
+from transformer_lib.multi_head import MultiHeadAttention, copy_to_torch_mha
 
 DT = torch.float64
 ATOL = 1e-12
 
-
-def randomize(module, seed, std=0.3):
-    """Random values for every parameter, LayerNorm gains and biases included, so that all of them matter."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(std * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return module
 
 
 def padded_batch(B, S, d_model, seed):
@@ -44,7 +36,7 @@ def padded_batch(B, S, d_model, seed):
 def test_attention_copy_equals_nn_multihead_attention():
     ours = randomize(MultiHeadAttention(24, 3).double(), 0)
     theirs = nn.MultiheadAttention(24, 3, batch_first=True, dtype=DT)
-    copy_attention_to_torch(ours, theirs)
+    copy_to_torch_mha(ours, theirs)
     x, mask = padded_batch(3, 7, 24, seed=1)
     a, _ = ours(x, x, x, mask)
     b, _ = theirs(x, x, x, key_padding_mask=~mask[:, 0, 0, :], need_weights=False)

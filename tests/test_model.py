@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+from helpers import randomize
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,13 +24,6 @@ def small_config(**overrides):
                   num_decoder_layers=2, dropout=0.0)
     return TransformerConfig(**{**fields, **overrides})
 
-
-def randomize(module, seed, std=0.3):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(std * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return module
 
 
 def reference_logits(model, src, tgt):

@@ -8,9 +8,8 @@ import torch
 import torch.nn as nn
 
 from .attention import causal_mask, padding_mask
-from .encoder import copy_attention_to_torch
 from .feed_forward import PositionwiseFeedForward
-from .multi_head import MultiHeadAttention
+from .multi_head import MultiHeadAttention, copy_to_torch_mha
 from .residual import LayerNorm, SublayerConnection
 
 # %% ../chapters/07_decoder.ipynb #c007
@@ -56,8 +55,8 @@ def decoder_layer_to_torch(layer: DecoderLayer) -> nn.TransformerDecoderLayer:
         layer.d_model, layer.self_attn.num_heads, layer.feed_forward.linear1.out_features,
         dropout=layer.sublayer1.dropout.p, activation="relu", layer_norm_eps=layer.sublayer1.norm.eps,
         batch_first=True, norm_first=layer.sublayer1.norm_first, device=w.device, dtype=w.dtype)
-    copy_attention_to_torch(layer.self_attn, theirs.self_attn)
-    copy_attention_to_torch(layer.cross_attn, theirs.multihead_attn)
+    copy_to_torch_mha(layer.self_attn, theirs.self_attn)
+    copy_to_torch_mha(layer.cross_attn, theirs.multihead_attn)
     theirs.linear1.load_state_dict(layer.feed_forward.linear1.state_dict())
     theirs.linear2.load_state_dict(layer.feed_forward.linear2.state_dict())
     for i, sub in enumerate((layer.sublayer1, layer.sublayer2, layer.sublayer3), start=1):
