@@ -46,7 +46,9 @@ def scaled_dot_product_attention(Q, K, V, mask=None, dropout=None):
     Q: (..., n_q, d_k)   K: (..., n_k, d_k)   V: (..., n_k, d_v)
     mask: bool, broadcastable to (..., n_q, n_k); True = may attend. A query row with no allowed key
           gets all-zero weights and a zero output (never NaN).
-    dropout: optional callable (e.g. nn.Dropout) applied to the weights, as in the paper.
+    dropout: optional callable (e.g. nn.Dropout) applied to the weights. The paper (section 5.4) puts
+        dropout only on sublayer outputs and embeddings; dropout on the weights follows the authors'
+        tensor2tensor code and nn.MultiheadAttention.
     Returns (output (..., n_q, d_v), weights (..., n_q, n_k)).
     """
     check_attention_inputs(Q, K, V, mask)

@@ -4,6 +4,7 @@
 __all__ = ['TransformerConfig', 'Transformer', 'transformer_to_torch', 'check_parameter_count']
 
 # %% ../chapters/07_decoder.ipynb #c022
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -144,9 +145,11 @@ def transformer_to_torch(model: Transformer) -> nn.Transformer:
     """An nn.Transformer (batch_first, ReLU) whose encoder and decoder carry our model's weights.
     Embeddings, positional encoding and generator are not part of nn.Transformer."""
     c, w = model.config, model.generator.weight
-    theirs = nn.Transformer(c.d_model, c.num_heads, c.num_encoder_layers, c.num_decoder_layers, c.d_ff,
-                            dropout=c.dropout, activation="relu", batch_first=True, norm_first=c.norm_first,
-                            device=w.device, dtype=w.dtype)
+    with warnings.catch_warnings():     # its default encoder warns about the nested-tensor fast path; replaced below
+        warnings.simplefilter("ignore")
+        theirs = nn.Transformer(c.d_model, c.num_heads, c.num_encoder_layers, c.num_decoder_layers, c.d_ff,
+                                dropout=c.dropout, activation="relu", batch_first=True, norm_first=c.norm_first,
+                                device=w.device, dtype=w.dtype)
     theirs.encoder = encoder_to_torch(model.encoder)     # replaced after construction: nn.Transformer's
     theirs.decoder = decoder_to_torch(model.decoder)     # __init__ re-initializes custom stacks
     return theirs.train(model.training)
