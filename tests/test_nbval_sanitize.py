@@ -1,19 +1,20 @@
 """The substitutions nbval applies before comparing stored and fresh outputs (tests/nbval_sanitize.cfg)."""
 
-import configparser
 import re
 from pathlib import Path
 
 import pytest
+from nbval.plugin import get_sanitize_patterns
 
 CFG = Path(__file__).with_name("nbval_sanitize.cfg")
 
 
 def sanitize(text: str) -> str:
-    parser = configparser.ConfigParser()
-    parser.read(CFG)
-    for section in parser.sections():
-        text = re.sub(parser[section]["regex"], parser[section]["replace"], text)
+    """What nbval does to a stored and a fresh output: the file read by nbval's own parser, applied in order."""
+    patterns = get_sanitize_patterns(CFG.read_text())
+    assert len(patterns) == CFG.read_text().count("\nregex: "), "nbval did not read every pattern in the file"
+    for regex, replace in patterns:
+        text = re.sub(regex, replace, text)
     return text
 
 
