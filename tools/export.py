@@ -14,8 +14,10 @@ git checkout it also fails on a generated module that git does not track (it wou
 """
 
 import hashlib
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -48,8 +50,14 @@ def targets(nb_path: Path) -> set[str]:
     return names
 
 
+def generated_modules() -> list[Path]:
+    """The modules of transformer_lib/ (sub-packages such as exercises/ included) that nbdev wrote."""
+    return [p for p in sorted(LIB.rglob("*.py")) if MARKER in p.read_text(encoding="utf-8")]
+
+
 def snapshot() -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(LIB.glob("*.py"))}
+    return {p.relative_to(LIB).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(LIB.rglob("*.py")) if "__pycache__" not in p.parts}
 
 
 def untracked_modules() -> list[str]:
@@ -90,11 +98,21 @@ def export() -> None:
     clashes = {m: nbs for m, nbs in owners.items() if len(nbs) > 1}
     if clashes:
         raise SystemExit(f"each module must come from one chapter; exported by several: {clashes}")
-    for old in LIB.glob("*.py"):  # generated modules are rebuilt below; hand-written ones are kept
-        if MARKER in old.read_text(encoding="utf-8"):
-            old.unlink()
-    for nb in notebooks:
-        nb_export(nb, lib_path=LIB, mod_maker=FreshModuleMaker)
+    # Generated modules are rebuilt below; hand-written ones (the __init__.py files) are kept. If any chapter
+    # fails to export, the library is put back as it was: never a half-deleted package.
+    with tempfile.TemporaryDirectory() as backup:
+        saved = Path(backup) / "lib"
+        shutil.copytree(LIB, saved, ignore=shutil.ignore_patterns("__pycache__"))
+        try:
+            for old in generated_modules():
+                old.unlink()
+            for nb in notebooks:
+                nb_export(nb, lib_path=LIB, mod_maker=FreshModuleMaker)
+        except BaseException:
+            shutil.rmtree(LIB)
+            shutil.copytree(saved, LIB)
+            print("export failed: transformer_lib/ was restored as it was before", file=sys.stderr)
+            raise
     print(f"exported {len(notebooks)} chapters into {len(owners)} modules: {', '.join(sorted(owners))}")
 
 
