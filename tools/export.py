@@ -13,6 +13,7 @@ The check exports in place and compares the library before and after, so it need
 git checkout it also fails on a generated module that git does not track (it would be missing from a clone).
 """
 
+import fcntl
 import hashlib
 import shutil
 import subprocess
@@ -117,4 +118,6 @@ def export() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(check() if "--check" in sys.argv[1:] else export())
+    with open(ROOT / ".export.lock", "w") as lock:   # two exports at once would delete each other's modules
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        sys.exit(check() if "--check" in sys.argv[1:] else export())
