@@ -6,12 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer_lib.attention import (
-    causal_mask,
-    check_attention,
-    padding_mask,
-    scaled_dot_product_attention,
-)
+from transformer_lib.attention import causal_mask, padding_mask, scaled_dot_product_attention
+from transformer_lib.exercises.attention import check_attention
+from transformer_lib.validation import check_mask
 
 DT = torch.float64
 
@@ -45,7 +42,7 @@ def test_equals_torch_sdpa_with_random_masks(seed):
     g = torch.Generator().manual_seed(seed)
     B, h, n_q, n_k, d = 2, 3, 5, 7, 8
     Q, K, V = rand(B, h, n_q, d, generator=g), rand(B, h, n_k, d, generator=g), rand(B, h, n_k, d, generator=g)
-    for shape in [(n_q, n_k), (B, 1, n_q, n_k), (B, h, n_q, n_k), (1, h, 1, n_k)]:
+    for shape in [(1, 1, n_q, n_k), (B, 1, n_q, n_k), (B, h, n_q, n_k), (1, h, 1, n_k)]:
         mask = torch.rand(*shape, generator=g) < 0.6
         mask[..., 0] = True
         out, _ = scaled_dot_product_attention(Q, K, V, mask)
@@ -83,7 +80,7 @@ def test_gradcheck_with_and_without_mask():
     Q, K, V = (rand(2, 3, 4, generator=g).requires_grad_() for _ in range(3))
     mask = torch.tensor([[True, False, True], [True, True, False], [False, False, True]])
     assert torch.autograd.gradcheck(lambda q, k, v: scaled_dot_product_attention(q, k, v)[0], (Q, K, V))
-    assert torch.autograd.gradcheck(lambda q, k, v: scaled_dot_product_attention(q, k, v, mask)[0], (Q, K, V))
+    assert torch.autograd.gradcheck(lambda q, k, v: scaled_dot_product_attention(q, k, v, mask[None])[0], (Q, K, V))
 
 
 def test_causal_mask_blocks_the_future():
@@ -93,12 +90,12 @@ def test_causal_mask_blocks_the_future():
     assert torch.equal(m, torch.tril(torch.ones(n, n)).bool())
     g = torch.Generator().manual_seed(3)
     X = rand(2, n, 5, generator=g)
-    out, w = scaled_dot_product_attention(X, X, X, m)
+    out, w = scaled_dot_product_attention(X, X, X, m[None])       # scores (2, n, n): the mask gets rank 3
     assert (w.triu(1) == 0).all()
     for t in range(n - 1):
         X2 = X.clone()
         X2[:, t + 1:] = rand(2, n - t - 1, 5, generator=g)
-        out2, _ = scaled_dot_product_attention(X2, X2, X2, m)
+        out2, _ = scaled_dot_product_attention(X2, X2, X2, m[None])
         assert torch.equal(out[:, : t + 1], out2[:, : t + 1])
 
 
@@ -137,30 +134,103 @@ def test_scaling_is_by_sqrt_dk():
 
 
 @pytest.mark.parametrize("args, kwargs, match", [
-    ((torch.randn(5), torch.randn(7, 4), torch.randn(7, 4)), {}, r"Q must be a tensor of shape \(\.\.\., n, d\)"),
+    ((torch.randn(5), torch.randn(7, 4), torch.randn(7, 4)), {}, r"Q must be a tensor of shape \(\.\.\., n, d\), got float32 tensor of shape \(5,\)"),
     ((torch.randn(5, 4), [1.0], torch.randn(7, 4)), {}, r"K must be a tensor"),
     ((torch.randn(5, 4), torch.randn(7, 3), torch.randn(7, 4)), {}, r"Q and K must share the last dimension d_k.*\(5, 4\).*\(7, 3\)"),
     ((torch.randn(5, 4), torch.randn(7, 4), torch.randn(6, 4)), {}, r"K and V must have the same number of positions n_k"),
     ((torch.randn(2, 5, 4), torch.randn(3, 7, 4), torch.randn(3, 7, 4)), {}, r"batch, head\) dimensions .* do not broadcast"),
     ((torch.randn(5, 4), torch.randn(7, 4), torch.randn(7, 4)), {"mask": torch.ones(5, 7)}, r"mask must be a bool tensor"),
-    ((torch.randn(5, 4), torch.randn(7, 4), torch.randn(7, 4)), {"mask": torch.ones(7, 5).bool()}, r"mask of shape \(7, 5\) does not broadcast .* \(5, 7\)"),
-    ((torch.randn(5, 4), torch.randn(7, 4), torch.randn(7, 4)), {"mask": torch.ones(2, 5, 7).bool()}, r"mask of shape \(2, 5, 7\) does not broadcast"),
+    ((torch.randn(5, 4), torch.randn(7, 4), torch.randn(7, 4)), {"mask": torch.ones(7, 5).bool()}, r"mask of shape \(7, 5\) does not fit .* \(5, 7\)"),
+    ((torch.randn(5, 4), torch.randn(7, 4), torch.randn(7, 4)), {"mask": torch.ones(2, 5, 7).bool()}, r"mask of shape \(2, 5, 7\) does not fit .* needs 2 axes"),
+    ((torch.randn(3, 5, 4), torch.randn(3, 7, 4), torch.randn(3, 7, 4)), {"mask": torch.ones(5, 7).bool()}, r"needs 3 axes.*mask\[None\].*padding mask is mask\[:, None, :\]"),
+    ((torch.ones(5, 4, dtype=torch.long), torch.randn(7, 4), torch.randn(7, 4)), {}, r"Q must be a floating-point tensor, got int64"),
+    ((torch.randn(5, 4), torch.ones(7, 4, dtype=torch.bool), torch.randn(7, 4)), {}, r"K must be a floating-point tensor, got bool"),
+    ((torch.randn(5, 4), torch.randn(7, 4), torch.randn(7, 4, dtype=torch.complex64)), {}, r"V must be a floating-point tensor, got complex64"),
+    ((torch.randn(5, 4), torch.randn(7, 4, dtype=torch.float64), torch.randn(7, 4)), {}, r"Q, K and V must have one dtype.*K torch.float64"),
+    ((torch.randn(5, 4), torch.randn(7, 4), torch.randn(7, 4, dtype=torch.float16)), {}, r"one dtype.*V torch.float16"),
+    ((torch.randn(5, 0), torch.randn(7, 0), torch.randn(7, 4)), {}, r"d_k >= 1"),
 ])
 def test_bad_input_raises_clear_value_error(args, kwargs, match):
     with pytest.raises(ValueError, match=match):
         scaled_dot_product_attention(*args, **kwargs)
 
 
-@pytest.mark.parametrize("n", [0, -1, 2.0, "3"])
+@pytest.mark.parametrize("n", [-1, 2.0, "3", True, None])
 def test_causal_mask_rejects_bad_n(n):
-    with pytest.raises(ValueError, match="n must be a positive int"):
+    with pytest.raises(ValueError, match="n must be an int >= 0"):
         causal_mask(n)
 
 
-@pytest.mark.parametrize("tokens", [torch.tensor([1, 2, 3]), torch.randn(2, 3), torch.zeros(1, 2, 3, dtype=torch.long), [[1, 2]]])
-def test_padding_mask_rejects_bad_tokens(tokens):
-    with pytest.raises(ValueError, match=r"tokens must be an integer tensor of shape \(B, S\)"):
+def test_causal_mask_of_length_zero_is_empty():
+    assert causal_mask(0).shape == (0, 0) and causal_mask(1).tolist() == [[True]]
+
+
+@pytest.mark.parametrize("tokens, match", [
+    (torch.tensor([1, 2, 3]), r"tokens must be a tensor of shape \(B, S\).*got int64 tensor of shape \(3,\)"),
+    (torch.zeros(1, 2, 3, dtype=torch.long), r"tokens must be a tensor of shape \(B, S\)"),
+    ([[1, 2]], r"tokens must be a tensor of shape \(B, S\).*got list"),
+    (torch.randn(2, 3), "tokens must be an integer tensor"),
+    (torch.ones(2, 3, dtype=torch.bool), "tokens must be an integer tensor"),
+])
+def test_padding_mask_rejects_bad_tokens(tokens, match):
+    with pytest.raises(ValueError, match=match):
         padding_mask(tokens, 0)
+
+
+@pytest.mark.parametrize("pad_id", [True, 0.0, None, "0", -1])
+def test_padding_mask_rejects_bad_pad_id(pad_id):
+    with pytest.raises(ValueError, match="pad_id must be an int >= 0"):
+        padding_mask(torch.tensor([[1, 2, 0]]), pad_id)
+
+
+def test_rank_rule_rejects_a_padding_mask_even_when_it_would_broadcast():
+    """A (B, S) padding mask for scores (B, n_q, S) broadcasts whenever B == n_q, and would then apply sentence
+    b's padding to query b of every sentence. The rank rule rejects it; the (B, 1, S) form is the right one."""
+    g = torch.Generator().manual_seed(5)
+    B = n_q = 2
+    Q, K, V = rand(B, n_q, 4, generator=g), rand(B, 6, 4, generator=g), rand(B, 6, 3, generator=g)
+    pad = torch.tensor([[True] * 6, [True] * 3 + [False] * 3])           # (B, S): sentence 1 has 3 padded keys
+    assert torch.broadcast_shapes(pad.shape, (B, n_q, 6)) == (B, n_q, 6)  # PyTorch would accept it ...
+    misread = F.scaled_dot_product_attention(Q, K, V, attn_mask=pad)
+    right, w = scaled_dot_product_attention(Q, K, V, pad[:, None, :])
+    assert not torch.allclose(misread, right)                             # ... and compute something else
+    assert (w[1, :, 3:] == 0).all() and (w[0] > 0).all()
+    with pytest.raises(ValueError, match=r"mask of shape \(2, 6\) does not fit .* needs 3 axes"):
+        scaled_dot_product_attention(Q, K, V, pad)
+
+
+def test_empty_batch_and_empty_sequences_give_empty_or_zero_results():
+    out, w = scaled_dot_product_attention(rand(0, 3, 4), rand(0, 5, 4), rand(0, 5, 2))
+    assert out.shape == (0, 3, 2) and w.shape == (0, 3, 5)
+    out, w = scaled_dot_product_attention(rand(2, 3, 4), rand(2, 0, 4), rand(2, 0, 2))   # no keys at all
+    assert out.shape == (2, 3, 2) and torch.equal(out, torch.zeros(2, 3, 2, dtype=DT))
+    out, w = scaled_dot_product_attention(rand(2, 0, 4), rand(2, 5, 4), rand(2, 5, 2),
+                                          torch.ones(1, 0, 5, dtype=torch.bool))            # no queries
+    assert out.shape == (2, 0, 2) and w.shape == (2, 0, 5)
+
+
+def test_every_row_fully_masked_gives_zeros_not_nan():
+    Q, K, V = rand(2, 3, 4), rand(2, 5, 4), rand(2, 5, 2)
+    out, w = scaled_dot_product_attention(Q, K, V, torch.zeros(1, 1, 5, dtype=torch.bool))
+    assert torch.equal(out, torch.zeros_like(out)) and torch.equal(w, torch.zeros_like(w))
+
+
+@pytest.mark.parametrize("mask, match", [
+    (torch.ones(2, 7, dtype=torch.bool), r"padding_mask\(tokens, pad_id\) -> \(B, 1, 1, S\).*mask\[None, None\]"),
+    (torch.ones(1, 1, 5, 7), r"src_mask must be a bool tensor.*src_mask.bool\(\)"),
+    ([[True]], r"src_mask must be a bool tensor .* got list"),
+    (torch.ones(1, 1, 1, 5, 7, dtype=torch.bool), r"src_mask of shape \(1, 1, 1, 5, 7\) does not fit"),
+    (torch.ones(3, 1, 5, 7, dtype=torch.bool), r"does not fit the attention scores \(B, h, n_q, n_k\) = \(2, 4, 5, 7\)"),
+])
+def test_check_mask_names_the_argument_and_says_what_fits(mask, match):
+    with pytest.raises(ValueError, match=match):
+        check_mask("src_mask" if not isinstance(mask, torch.Tensor) or mask.dim() != 2 else "mask", mask, (2, 4, 5, 7))
+
+
+def test_check_mask_accepts_every_axis_equal_or_one():
+    for shape in [(2, 4, 5, 7), (1, 1, 1, 7), (2, 1, 1, 7), (1, 4, 5, 7), (1, 1, 5, 7)]:
+        m = torch.ones(shape, dtype=torch.bool)
+        assert check_mask("mask", m, (2, 4, 5, 7)) is m
 
 
 def _reference(Q, K, V, mask=None):

@@ -4,9 +4,12 @@ For every chapter page: MathJax (served from the book itself) typeset the math a
 figure decodes, no local (file:) request failed, nothing was fetched from the network, and the Colab
 button points at .../github/<owner>/<repo>/blob/<branch>/chapters/<file>.ipynb.
 
-Needs `_build/html` (`make book`, or `make book-stored` after nbval) and /usr/bin/chromium
-(`apt-get install chromium`); skipped, with the reason, when either is missing."""
+Needs `_build/html` (`make book`, or `make book-stored` after nbval), /usr/bin/chromium
+(`apt-get install chromium`) and Playwright. Locally the check is skipped, with the reason, when one of them is
+missing; with REQUIRE_BROWSER=1 in the environment (set by `.ci/run`, so in CI) it FAILS instead: CI must never
+pass without having opened the pages."""
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -21,16 +24,35 @@ CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
 TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())
 CHAPTERS = [c["file"] for part in TOC["parts"] for c in part["chapters"] if c["file"].startswith("chapters/")]
 
-if not Path(CHROMIUM).exists():
-    pytest.skip("Chromium not found at /usr/bin/chromium (apt-get install chromium): browser check skipped",
-                allow_module_level=True)
-if not (HTML / "index.html").exists():
-    pytest.skip("_build/html not built (run `make book`): browser check skipped", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api")
+REQUIRED = os.environ.get("REQUIRE_BROWSER", "") not in ("", "0")
+
+
+def problem() -> str | None:
+    """Why the browser check cannot run here, or None when it can."""
+    if not Path(CHROMIUM).exists():
+        return f"Chromium not found at {CHROMIUM} (apt-get install chromium)"
+    if not (HTML / "index.html").exists():
+        return "_build/html is not built (run `make book`)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "Playwright is not installed (pip install -e '.[dev]')"
+    return None
 
 
 @pytest.fixture(scope="module")
 def browser():
+    """Skip locally (with the reason) when something is missing; fail where the check is required
+    (REQUIRE_BROWSER=1, as in CI). In a fixture rather than at import, so a skip is a skipped test, not an
+    empty collection (pytest's exit code 5)."""
+    reason = problem()
+    if reason and REQUIRED:
+        pytest.fail(f"REQUIRE_BROWSER=1 but {reason}: the browser check cannot run, and CI must not pass "
+                    "without it", pytrace=False)
+    if reason:
+        pytest.skip(f"{reason}: browser check skipped (set REQUIRE_BROWSER=1 to make this a failure)")
+    from playwright import sync_api
+
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=[
             "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

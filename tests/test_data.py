@@ -54,8 +54,46 @@ def test_unknown_character_raises(tok):
         tok.encode("zwölf!")
     with pytest.raises(ValueError, match="ids must lie in"):
         tok.decode([len(tok)])
+    with pytest.raises(ValueError, match="ids must lie in"):
+        tok.decode([-1])
     with pytest.raises(ValueError, match="single characters"):
         CharTokenizer(["ab", "c"])
+
+
+@pytest.mark.parametrize("ids", [
+    torch.tensor([[5, 6], [7, 8]]),              # a batch: decode one row at a time
+    torch.tensor([5.0, 6.0]),                    # float ids
+    torch.tensor([True, False]),
+    torch.tensor(5),                             # 0-D
+    [5.0, 6.0],
+    [[5, 6]],
+    [True, 5],
+    "abc",
+    5,
+])
+def test_decode_rejects_anything_but_1d_integer_ids(tok, ids):
+    with pytest.raises(ValueError, match=r"^ids must be a list of int ids or a 1-D integer tensor"):
+        tok.decode(ids)
+
+
+def test_decode_accepts_1d_integer_ids(tok):
+    ids = tok.encode("elf")
+    for form in (ids, tuple(ids), torch.tensor(ids), torch.tensor(ids, dtype=torch.int32), iter(ids)):
+        assert tok.decode(form) == "elf"
+    assert tok.decode([]) == "" and tok.decode(torch.tensor([], dtype=torch.long)) == ""
+
+
+def test_tokenizer_argument_errors(tok):
+    with pytest.raises(ValueError, match="^text must be a str"):
+        tok.encode(["e", "l", "f"])
+    with pytest.raises(ValueError, match="^bos must be True or False"):
+        tok.encode("elf", bos=1)
+    with pytest.raises(ValueError, match="^eos must be True or False"):
+        tok.encode("elf", eos="False")
+    with pytest.raises(ValueError, match="^use_unk must be True or False"):
+        CharTokenizer("abc", use_unk="yes")
+    with pytest.raises(ValueError, match="^texts must be a list of strings; for one text pass"):
+        CharTokenizer.from_texts("abc")
 
 
 def test_unknown_character_with_unk():
@@ -73,10 +111,21 @@ def test_number_pairs():
     assert number_pairs([342, 21, 0]) == [("three hundred and forty-two", "dreihundertzweiundvierzig"),
                                           ("twenty-one", "einundzwanzig"), ("zero", "null")]
     assert number_pairs([7], tgt_lang="fr") == [("seven", "sept")]
-    with pytest.raises(ValueError, match="non-negative ints"):
-        number_pairs([-1])
-    with pytest.raises(ValueError, match="non-negative ints"):
-        number_pairs([1.5])
+    assert number_pairs([]) == []
+    assert number_pairs([5], src_lang="en_GB") == [("five", "fünf")]     # a regional code falls back to "en"
+    for bad in ([-1], [1.5], [True], ["7"]):
+        with pytest.raises(ValueError, match="^numbers must hold non-negative ints"):
+            number_pairs(bad)
+    with pytest.raises(ValueError, match=r"^numbers must be a list .*for one number pass \[n\]"):
+        number_pairs(7)
+
+
+@pytest.mark.parametrize("kwargs, name", [({"src_lang": "xx"}, "src_lang"), ({"tgt_lang": "klingon"}, "tgt_lang"),
+                                          ({"tgt_lang": None}, "tgt_lang")])
+def test_number_pairs_unknown_language(kwargs, name):
+    with pytest.raises(ValueError, match=rf"^{name} must be a language code num2words supports, e.g. .*'de'") as err:
+        number_pairs([3], **kwargs)
+    assert "'en'" in str(err.value) and "got" in str(err.value)
 
 
 def test_split_numbers():
@@ -87,9 +136,16 @@ def test_split_numbers():
     assert train == sorted(train)
     assert split_numbers(1000, 100, 200, seed=3) == (train, valid, test)       # deterministic
     assert split_numbers(1000, 100, 200, seed=4)[2] != test                    # seed matters
-    for bad in ((10, 5, 5), (10, -1, 2), (10, 2, 20)):
+    assert split_numbers(3, 0, 0) == ([0, 1, 2], [], [])
+    for bad in ((10, 5, 5), (10, -1, 2), (10, 2, 20), (10, True, 2), (10, 2.0, 2)):
         with pytest.raises(ValueError, match="n_valid"):
             split_numbers(*bad)
+    for bad, name in (((0, 0, 0), "n_max"), ((True, 0, 0), "n_max"), ((10, 1, -1), "n_test"),
+                      ((10, 1, False), "n_test")):
+        with pytest.raises(ValueError, match=f"^{name} must be an int"):
+            split_numbers(*bad)
+    with pytest.raises(ValueError, match="^seed must be an int"):
+        split_numbers(10, 1, 1, seed=True)
 
 
 def test_dataset_framing(tok):
@@ -98,6 +154,8 @@ def test_dataset_framing(tok):
     assert src.tolist() == tok.encode("one") + [tok.eos_id]
     assert tgt.tolist() == [tok.bos_id] + tok.encode("eins") + [tok.eos_id]
     assert len(ds) == 1
+    with pytest.raises(ValueError, match="^pairs must hold"):
+        TranslationDataset(["one"], tok)
 
 
 def test_collate_shapes_shift_and_masks(tok):
@@ -105,7 +163,7 @@ def test_collate_shapes_shift_and_masks(tok):
     b = collate([ds[i] for i in range(3)], pad_id=tok.pad_id)
     B, S, T = 3, len("forty-two") + 1, len("zweiundvierzig") + 1
     assert b.src.shape == (B, S) and b.tgt_in.shape == (B, T) and b.tgt_out.shape == (B, T)
-    assert b.src_mask.shape == (B, 1, 1, S) and b.tgt_mask.shape == (B, 1, T, T)
+    assert b.src_mask.shape == (B, 1, 1, S) and b.tgt_mask.shape == (B, 1, 1, T)
     assert b.src_mask.dtype == torch.bool and b.tgt_mask.dtype == torch.bool
     # teacher forcing: the decoder input is the target shifted right by one, starting with BOS
     assert torch.equal(b.tgt_in[:, 1:], b.tgt_out[:, :-1])
@@ -114,14 +172,38 @@ def test_collate_shapes_shift_and_masks(tok):
     # source mask: True exactly on real tokens
     assert torch.equal(b.src_mask[:, 0, 0], b.src != tok.pad_id)
     assert b.src_mask[0, 0, 0].tolist() == [True] * 4 + [False] * (S - 4)
-    # target mask: causal and no padded key
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
-    for i in range(B):
-        real = b.tgt_in[i] != tok.pad_id
-        assert torch.equal(b.tgt_mask[i, 0], causal & real[None, :])
-    assert not (b.tgt_mask[:, 0] & ~causal).any()              # never a future position
+    # target mask: padding only, (B, 1, 1, T); the decoder adds the causal mask itself
+    assert b.tgt_mask.shape == (B, 1, 1, T)
+    assert torch.equal(b.tgt_mask[:, 0, 0], b.tgt_in != tok.pad_id)
+    assert b.tgt_mask[0, 0, 0].tolist() == [True] * 6 + [False] * (T - 6)        # BOS eins EOS, then padding
     moved = b.to("cpu")
-    assert torch.equal(moved.src, b.src)
+    assert torch.equal(moved.src, b.src) and torch.equal(moved.tgt_mask, b.tgt_mask)
+
+
+def test_collate_with_another_pad_id(tok):
+    ds = TranslationDataset([("one", "eins"), ("forty-two", "zweiundvierzig")], tok)
+    b = collate([ds[0], ds[1]], pad_id=3)
+    assert b.src[0, 4:].eq(3).all() and torch.equal(b.src_mask[:, 0, 0], b.src != 3)
+
+
+@pytest.mark.parametrize("examples", [
+    [],
+    [(torch.tensor([5, 2]),)],                                                # not a pair
+    [(torch.tensor([5, 2]), torch.tensor([1.0, 2.0]))],                       # float ids
+    [(torch.tensor([[5, 2]]), torch.tensor([1, 5, 2]))],                      # 2-D source
+    [(torch.tensor([5, 2]), torch.tensor([1]))],                              # target without BOS ... EOS
+    [([5, 2], [1, 5, 2])],                                                    # lists, not tensors
+])
+def test_collate_rejects_bad_examples(examples):
+    with pytest.raises(ValueError, match="^examples must hold"):
+        collate(examples)
+
+
+@pytest.mark.parametrize("pad_id", [True, -1, 0.0, None])
+def test_collate_rejects_bad_pad_id(tok, pad_id):
+    ds = TranslationDataset([("one", "eins")], tok)
+    with pytest.raises(ValueError, match="^pad_id must be an int"):
+        collate([ds[0]], pad_id=pad_id)
 
 
 def test_length_grouped_sampler():
@@ -135,7 +217,16 @@ def test_length_grouped_sampler():
         assert spread <= 2                                                     # similar lengths together
     assert epoch0 != epoch1                                                    # reshuffled every epoch
     assert list(LengthGroupedSampler(lengths, 32, seed=0)) == epoch0           # seeded
-    fixed = LengthGroupedSampler(lengths, 100, shuffle=False)
-    assert list(fixed) == list(fixed)
-    with pytest.raises(ValueError, match="batch_size"):
-        LengthGroupedSampler(lengths, 0)
+    fixed = list(LengthGroupedSampler(lengths, 100, shuffle=False))
+    assert [i for b in fixed for i in b] == sorted(range(1000), key=lambda i: (lengths[i], i))   # sorted, stable
+    assert [len(b) for b in fixed] == [100] * 10
+    assert list(LengthGroupedSampler([], 4)) == [] and len(LengthGroupedSampler([], 4)) == 0
+    assert [len(b) for b in LengthGroupedSampler([1] * 5, 2, shuffle=False)] == [2, 2, 1]
+
+
+@pytest.mark.parametrize("kwargs, name", [({"batch_size": 0}, "batch_size"), ({"batch_size": True}, "batch_size"),
+                                          ({"batch_size": 2.0}, "batch_size"), ({"shuffle": "False"}, "shuffle"),
+                                          ({"seed": -1}, "seed"), ({"seed": True}, "seed")])
+def test_length_grouped_sampler_errors(kwargs, name):
+    with pytest.raises(ValueError, match=f"^{name} must be"):
+        LengthGroupedSampler([1, 2, 3], **{"batch_size": 2, **kwargs})

@@ -7,18 +7,12 @@ import torch
 import torch.nn as nn
 from helpers import randomize
 
-from transformer_lib.encoder import (
-    Encoder,
-    EncoderLayer,
-    check_encoder_layer,
-    encoder_layer_to_torch,
-    encoder_to_torch,
-)
+from transformer_lib.encoder import Encoder, EncoderLayer, encoder_layer_to_torch, encoder_to_torch
+from transformer_lib.exercises.encoder import check_encoder_layer
 from transformer_lib.multi_head import MultiHeadAttention, copy_to_torch_mha
 
 DT = torch.float64
 ATOL = 1e-12
-
 
 
 def padded_batch(B, S, d_model, seed):
@@ -34,7 +28,7 @@ def padded_batch(B, S, d_model, seed):
 # ---------------------------------------------------------------- equality with PyTorch
 
 def test_attention_copy_equals_nn_multihead_attention():
-    ours = randomize(MultiHeadAttention(24, 3).double(), 0)
+    ours = randomize(MultiHeadAttention(24, 3, dropout=0.0).double(), 0)
     theirs = nn.MultiheadAttention(24, 3, batch_first=True, dtype=DT)
     copy_to_torch_mha(ours, theirs)
     x, mask = padded_batch(3, 7, 24, seed=1)
@@ -64,7 +58,7 @@ def test_layer_equals_torch_without_mask_and_with_a_general_mask():
     torch.testing.assert_close(ours(x), theirs(x), rtol=0, atol=ATOL)
     allowed = torch.rand(6, 6, generator=torch.Generator().manual_seed(6)) < 0.6
     allowed |= torch.eye(6, dtype=torch.bool)                # every query keeps at least itself
-    torch.testing.assert_close(ours(x, allowed), theirs(x, src_mask=~allowed), rtol=0, atol=ATOL)
+    torch.testing.assert_close(ours(x, allowed[None, None]), theirs(x, src_mask=~allowed), rtol=0, atol=ATOL)
 
 
 @pytest.mark.parametrize("num_layers, final_norm, norm_first", [(1, True, False), (3, True, False),
@@ -141,17 +135,20 @@ def test_post_norm_output_is_standardized_at_initialization():
 
 def test_need_weights_keeps_the_attention_maps():
     enc = Encoder(2, 16, 4, 32, dropout=0.0).double().eval()
+    assert all(layer.self_attn_weights is None for layer in enc.layers)     # before any need_weights call
     x, mask = padded_batch(3, 6, 16, seed=19)
     out = enc(x, mask, need_weights=True)
     torch.testing.assert_close(out, enc(x, mask), rtol=0, atol=ATOL)   # the slow path gives the same result
     enc(x, mask, need_weights=True)
+    kept = []
     for layer in enc.layers:
-        w = layer.attn_weights
+        w = layer.self_attn_weights
         assert w.shape == (3, 4, 6, 6)
         assert torch.all(w.masked_select(~mask.expand_as(w)) == 0)
         torch.testing.assert_close(w.sum(-1), torch.ones(3, 4, 6, dtype=DT), rtol=0, atol=ATOL)
-    enc(x, mask)
-    assert all(layer.attn_weights is None for layer in enc.layers)
+        kept.append(w)
+    enc(x[:1], mask[:1])                                  # need_weights=False keeps the last maps
+    assert all(layer.self_attn_weights is w for layer, w in zip(enc.layers, kept, strict=True))
 
 
 # ---------------------------------------------------------------- structure, dropout, gradients
@@ -187,18 +184,50 @@ def test_gradcheck():
 
 def test_clear_value_errors():
     layer = EncoderLayer(16, 4, 32)
-    with pytest.raises(ValueError, match="d_model=16"):
+    with pytest.raises(ValueError, match=r"x must be a tensor of shape \(B, S, d_model=16\), got float32 tensor of shape \(2, 5, 12\)"):
         layer(torch.randn(2, 5, 12))
-    with pytest.raises(ValueError, match=r"\(B, n, d_model=16\)"):
+    with pytest.raises(ValueError, match=r"x must be a tensor of shape \(B, S, d_model=16\)"):
         layer(torch.randn(5, 16))
-    with pytest.raises(ValueError, match="bool"):
+    with pytest.raises(ValueError, match="x is torch.float64 but the module is torch.float32"):
+        layer(torch.randn(2, 5, 16, dtype=DT))
+    with pytest.raises(ValueError, match="src_mask must be a bool tensor"):
         layer(torch.randn(2, 5, 16), torch.ones(2, 1, 1, 5))
-    with pytest.raises(ValueError, match="broadcast"):
+    with pytest.raises(ValueError, match=r"src_mask of shape \(2, 1, 1, 6\) does not fit"):
         layer(torch.randn(2, 5, 16), torch.ones(2, 1, 1, 6, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"src_mask of shape \(2, 5\) .*padding_mask\(tokens, pad_id\)"):
+        layer(torch.randn(2, 5, 16), torch.ones(2, 5, dtype=torch.bool))      # never misread as (n_q, n_k)
+    with pytest.raises(ValueError, match="src_mask of shape"):
+        Encoder(1, 16, 4, 32)(torch.randn(5, 5, 16), torch.ones(5, 5, dtype=torch.bool))   # B == S: still refused
     with pytest.raises(ValueError, match="divisible"):
         EncoderLayer(16, 3, 32)
-    with pytest.raises(ValueError, match="num_layers"):
-        Encoder(0, 16, 4, 32)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(num_layers=0), "num_layers must be an int >= 1, got 0"),
+    (dict(num_layers=True), "num_layers must be an int >= 1, got bool True"),
+    (dict(num_layers=2.0), "num_layers must be an int >= 1, got float"),
+    (dict(norm_first="False"), "norm_first must be True or False, got str 'False'"),
+    (dict(final_norm=1), "final_norm must be True or False, got int 1"),
+    (dict(dropout=1.0), r"dropout must lie in \[0, 1\)"),
+    (dict(dropout=True), "dropout must be a number, got bool"),
+])
+def test_encoder_constructor_value_errors(kwargs, match):
+    args = dict(num_layers=2, d_model=16, num_heads=4, d_ff=32) | kwargs
+    with pytest.raises(ValueError, match=match):
+        Encoder(**args)
+
+
+def test_default_dropout_is_the_papers():
+    layer = EncoderLayer(16, 4, 32)
+    x = torch.randn(2, 5, 16)
+    assert not torch.equal(layer(x), layer(x))                   # P_drop = 0.1 in training ...
+    layer.eval()
+    assert torch.equal(layer(x), layer(x))                       # ... and none in evaluation
+
+
+def test_empty_batch():
+    out = Encoder(2, 16, 4, 32).eval()(torch.randn(0, 5, 16), torch.ones(0, 1, 1, 5, dtype=torch.bool))
+    assert out.shape == (0, 5, 16)
 
 
 # ---------------------------------------------------------------- the exercise checker

@@ -1,13 +1,14 @@
 """Tests for transformer_lib.feed_forward (Chapter 4): equality with the feed-forward block of
-torch.nn.TransformerEncoderLayer in float64 (dropout included), the three meanings of "position-wise",
-parameter counts, gradients, every ValueError, and the exercise checker."""
+torch.nn.TransformerEncoderLayer in float64 (through its public forward), the three meanings of "position-wise",
+parameter counts, gradients, every ValueError, and the exercise checker (transformer_lib.exercises)."""
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from transformer_lib.feed_forward import PositionwiseFeedForward, check_feed_forward
+from transformer_lib.exercises.feed_forward import check_feed_forward
+from transformer_lib.feed_forward import PositionwiseFeedForward
 from transformer_lib.multi_head import MultiHeadAttention
 
 F64 = dict(dtype=torch.float64)
@@ -15,11 +16,18 @@ D, D_FF = 16, 64
 TOL = 1e-12
 
 
-def torch_pair(dropout=0.0, seed=0):
-    """An nn.TransformerEncoderLayer and our FFN holding the same linear1/linear2 weights."""
+def torch_pair(seed=0):
+    """A pre-norm nn.TransformerEncoderLayer whose attention adds zeros (out_proj = 0) and whose norm2 is the
+    identity, and our FFN holding its linear1/linear2 weights. Through PyTorch's public forward alone,
+    ref(x) = x + FFN(x), so no private method (such as _ff_block) is needed."""
     torch.manual_seed(seed)
-    ref = nn.TransformerEncoderLayer(D, 4, D_FF, dropout=dropout, activation="relu", batch_first=True, **F64)
-    ffn = PositionwiseFeedForward(D, D_FF, dropout=dropout).to(**F64)
+    ref = nn.TransformerEncoderLayer(D, 4, D_FF, dropout=0.0, activation="relu", batch_first=True,
+                                     norm_first=True, **F64)
+    with torch.no_grad():
+        ref.self_attn.out_proj.weight.zero_()
+        ref.self_attn.out_proj.bias.zero_()
+    ref.norm2 = nn.Identity()
+    ffn = PositionwiseFeedForward(D, D_FF, dropout=0.0).to(**F64)
     ffn.load_state_dict({k: v for k, v in ref.state_dict().items() if k.startswith("linear")})
     return ffn, ref
 
@@ -28,32 +36,19 @@ def n_params(module):
     return sum(p.numel() for p in module.parameters())
 
 
-@pytest.mark.parametrize("shape", [(D,), (7, D), (3, 7, D), (2, 3, 7, D)])
-def test_equals_torch_ff_block(shape):
+@pytest.mark.parametrize("shape", [(1, D), (7, D), (3, 7, D)])
+def test_equals_torch_feed_forward_block(shape):
     ffn, ref = torch_pair()
     x = torch.randn(shape, **F64)
-    assert (ffn(x) - ref._ff_block(x)).abs().max().item() <= TOL
+    assert (x + ffn(x) - ref(x)).abs().max().item() <= TOL
     assert ffn(x).shape == shape
-
-
-def test_equals_torch_ff_block_with_dropout():
-    """Same seed, same dropout mask: our dropout sits where PyTorch's does (after the ReLU)."""
-    ffn, ref = torch_pair(dropout=0.3)
-    ref.dropout2.p = 0.0                      # PyTorch's residual dropout belongs to our SublayerConnection
-    x = torch.randn(3, 7, D, **F64)
-    torch.manual_seed(1)
-    ours = ffn(x)
-    torch.manual_seed(1)
-    theirs = ref._ff_block(x)
-    assert (ours - theirs).abs().max().item() <= TOL
-    assert not torch.allclose(ours, ffn.eval()(x))   # dropout really acted in training mode
 
 
 def test_gradients_equal_torch():
     ffn, ref = torch_pair()
     x = torch.randn(3, 7, D, **F64)
-    ffn(x).pow(2).sum().backward()
-    ref._ff_block(x).pow(2).sum().backward()
+    (x + ffn(x)).pow(2).sum().backward()
+    ref(x).pow(2).sum().backward()
     for name in ["linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias"]:
         ours, theirs = ffn.get_parameter(name).grad, ref.get_parameter(name).grad
         assert (ours - theirs).abs().max().item() <= TOL, name
@@ -72,7 +67,7 @@ def test_formula_and_names():
 
 def test_gradcheck():
     torch.manual_seed(0)
-    ffn = PositionwiseFeedForward(4, 6).to(**F64)
+    ffn = PositionwiseFeedForward(4, 6, dropout=0.0).to(**F64)
     x = torch.randn(2, 3, 4, **F64, requires_grad=True)
     assert torch.autograd.gradcheck(ffn, (x,))
 
@@ -100,7 +95,7 @@ def test_equals_two_conv1d_with_kernel_size_1():
 def test_jacobian_is_block_diagonal_and_permutation_equivariant():
     torch.manual_seed(0)
     n, d = 5, 4
-    ffn = PositionwiseFeedForward(d, 8).to(**F64)
+    ffn = PositionwiseFeedForward(d, 8, dropout=0.0).to(**F64)
     x = torch.randn(n, d, **F64)
     J = torch.autograd.functional.jacobian(ffn, x)          # (n, d, n, d)
     off_diagonal = ~torch.eye(n, dtype=torch.bool)
@@ -125,7 +120,7 @@ def test_dropout_train_and_eval():
     assert not torch.equal(ffn(x), ffn(x))
     ffn.eval()
     assert torch.equal(ffn(x), ffn(x))
-    no_dropout = PositionwiseFeedForward(D, D_FF).to(**F64)
+    no_dropout = PositionwiseFeedForward(D, D_FF, dropout=0.0).to(**F64)
     no_dropout.load_state_dict(ffn.state_dict())
     assert torch.equal(ffn(x), no_dropout(x))
 
@@ -149,16 +144,17 @@ def test_base_model_numbers():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(d_model=0, d_ff=8), "d_model must be a positive int, got 0"),
-    (dict(d_model=-4, d_ff=8), "d_model must be a positive int"),
-    (dict(d_model=8.0, d_ff=8), "d_model must be a positive int, got 8.0"),
-    (dict(d_model=True, d_ff=8), "d_model must be a positive int, got True"),
-    (dict(d_model=8, d_ff=0), "d_ff must be a positive int, got 0"),
-    (dict(d_model=8, d_ff="32"), "d_ff must be a positive int"),
-    (dict(d_model=8, d_ff=32, dropout=1.0), r"dropout must be a probability in \[0, 1\), got 1.0"),
-    (dict(d_model=8, d_ff=32, dropout=-0.1), r"dropout must be a probability in \[0, 1\), got -0.1"),
-    (dict(d_model=8, d_ff=32, dropout="0.1"), "dropout must be a probability"),
-    (dict(d_model=8, d_ff=32, dropout=None), "dropout must be a probability"),
+    (dict(d_model=0, d_ff=8), "d_model must be an int >= 1, got 0"),
+    (dict(d_model=-4, d_ff=8), "d_model must be an int >= 1"),
+    (dict(d_model=8.0, d_ff=8), "d_model must be an int >= 1, got float 8.0"),
+    (dict(d_model=True, d_ff=8), "d_model must be an int >= 1, got bool True"),
+    (dict(d_model=8, d_ff=0), "d_ff must be an int >= 1, got 0"),
+    (dict(d_model=8, d_ff="32"), "d_ff must be an int >= 1"),
+    (dict(d_model=8, d_ff=32, dropout=1.0), r"dropout must lie in \[0, 1\), got 1.0"),
+    (dict(d_model=8, d_ff=32, dropout=-0.1), r"dropout must lie in \[0, 1\), got -0.1"),
+    (dict(d_model=8, d_ff=32, dropout="0.1"), "dropout must be a number"),
+    (dict(d_model=8, d_ff=32, dropout=None), "dropout must be a number"),
+    (dict(d_model=8, d_ff=32, dropout=True), "dropout must be a number, got bool"),
 ])
 def test_constructor_value_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -166,18 +162,34 @@ def test_constructor_value_errors(kwargs, match):
 
 
 @pytest.mark.parametrize("x, match", [
-    (torch.randn(2, 5, 7), r"x must have shape \(\.\.\., d_model=8\), got \(2, 5, 7\)"),
-    (torch.tensor(1.0), r"got \(\)"),
+    (torch.randn(2, 5, 7), r"x must be a tensor of shape \(\.\.\., d_model=8\), got float32 tensor of shape \(2, 5, 7\)"),
+    (torch.tensor(1.0), r"shape \(\)"),
     ([[1.0] * 8], "got list"),
+    (torch.ones(2, 8, dtype=torch.long), "x must be a floating-point tensor, got int64"),
+    (torch.randn(2, 5, 8, dtype=torch.float64), "x is torch.float64 but the module is torch.float32"),
 ])
 def test_forward_value_errors(x, match):
     with pytest.raises(ValueError, match=match):
         PositionwiseFeedForward(8, 32)(x)
 
 
-def test_accepted_edge_values():
-    assert PositionwiseFeedForward(8, 32, dropout=0).dropout.p == 0
-    assert PositionwiseFeedForward(8, 32, dropout=0.999).dropout.p == 0.999
+def test_default_dropout_is_the_papers_and_edge_values_work():
+    torch.manual_seed(0)
+    x = torch.randn(200, 8)
+    ffn = PositionwiseFeedForward(8, 32)                    # default 0.1: training output varies ...
+    assert not torch.equal(ffn(x), ffn(x))
+    assert torch.equal(ffn.eval()(x), ffn(x))              # ... evaluation output does not
+    still = PositionwiseFeedForward(8, 32, dropout=0)
+    assert torch.equal(still(x), still(x))                  # dropout=0 in training: deterministic
+    nearly_all = PositionwiseFeedForward(8, 32, dropout=0.999)
+    hidden = []
+    nearly_all.linear2.register_forward_hook(lambda m, inp, out: hidden.append(inp[0]))
+    nearly_all(x)
+    assert (hidden[0] == 0).float().mean() > 0.99          # 0.999 accepted, and nearly every unit dropped
+
+
+def test_empty_batch():
+    assert PositionwiseFeedForward(8, 32)(torch.randn(0, 5, 8)).shape == (0, 5, 8)
 
 
 # ---- the exercise checker -------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """transformer_lib.model (Chapter 7): the whole Transformer against nn.Transformer (float64), parameter counts,
-weight tying, causality (a hypothesis property), padding invariance, and the input errors."""
+weight tying, causality without any target mask (a hypothesis property), padding invariance, the cache through
+decode, attention weights, and the input errors (named after the caller's argument)."""
 
 import functools
 import math
@@ -11,8 +12,9 @@ from helpers import randomize
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transformer_lib.attention import causal_mask
-from transformer_lib.model import Transformer, TransformerConfig, check_parameter_count, transformer_to_torch
+from transformer_lib.attention import causal_mask, padding_mask
+from transformer_lib.exercises.decoder import check_parameter_count
+from transformer_lib.model import Transformer, TransformerConfig, transformer_to_torch
 from transformer_lib.positional import sinusoidal_encoding
 
 DT = torch.float64
@@ -23,7 +25,6 @@ def small_config(**overrides):
     fields = dict(src_vocab_size=50, tgt_vocab_size=50, d_model=32, num_heads=4, d_ff=64, num_encoder_layers=2,
                   num_decoder_layers=2, dropout=0.0)
     return TransformerConfig(**{**fields, **overrides})
-
 
 
 def reference_logits(model, src, tgt):
@@ -91,7 +92,7 @@ def test_model_equals_nn_transformer(overrides):
     src = tokens(4, 9, 50, seed=2, pad_from=[9, 6, 3, 1])
     tgt = tokens(4, 7, model.config.tgt_vocab_size, seed=3)
     with torch.no_grad():
-        ours = model(src, tgt, model.make_src_mask(src), causal_mask(7))
+        ours = model(src, tgt, model.make_src_mask(src))          # no tgt_mask: our decoder is causal anyway
         theirs = reference_logits(model, src, tgt)
     assert ours.shape == (4, 7, model.config.tgt_vocab_size)
     torch.testing.assert_close(ours, theirs, rtol=0, atol=ATOL)
@@ -109,9 +110,26 @@ def test_encode_decode_compose_to_forward():
     memory_w = model.encode(src, src_mask, need_weights=True)
     hidden_w = model.decode(tgt, memory_w, src_mask, tgt_mask, need_weights=True)
     torch.testing.assert_close(hidden_w, hidden, rtol=0, atol=ATOL)
-    assert model.encoder.layers[0].attn_weights.shape == (2, 4, 6, 6)
+    assert model.encoder.layers[0].self_attn_weights.shape == (2, 4, 6, 6)
     assert model.decoder.layers[-1].cross_attn_weights.shape == (2, 4, 5, 6)
     assert torch.all(model.decoder.layers[-1].cross_attn_weights[1, :, :, 2:] == 0)
+
+
+def test_forward_need_weights_and_attention_weights():
+    model = Transformer(small_config()).double().eval()
+    weights = model.attention_weights()
+    assert set(weights) == {"encoder", "decoder_self", "decoder_cross"}
+    assert all(w is None for maps in weights.values() for w in maps)          # before any need_weights call
+    src, tgt = tokens(2, 6, 50, seed=4, pad_from=[6, 2]), tokens(2, 5, 50, seed=5)
+    with torch.no_grad():
+        logits = model(src, tgt, model.make_src_mask(src), need_weights=True)
+        torch.testing.assert_close(logits, model(src, tgt, model.make_src_mask(src)), rtol=0, atol=ATOL)
+    weights = model.attention_weights()
+    assert [tuple(w.shape) for w in weights["encoder"]] == [(2, 4, 6, 6)] * 2
+    assert [tuple(w.shape) for w in weights["decoder_self"]] == [(2, 4, 5, 5)] * 2
+    assert [tuple(w.shape) for w in weights["decoder_cross"]] == [(2, 4, 5, 6)] * 2
+    assert all(torch.all(w.triu(1) == 0) for w in weights["decoder_self"])     # causal without a tgt_mask
+    assert all(torch.all(w[1, :, :, 2:] == 0) for w in weights["decoder_cross"] + weights["encoder"])
 
 
 def test_masks_from_pad_id():
@@ -144,18 +162,47 @@ def test_future_target_tokens_never_change_earlier_logits(data, B, S, T):
     changed = tgt.clone()
     changed[:, t + 1:] = new_tail
     with torch.no_grad():
-        a = model(src, tgt, tgt_mask=causal_mask(T))
-        b = model(src, changed, tgt_mask=causal_mask(T))
-    torch.testing.assert_close(b[:, :t + 1], a[:, :t + 1], rtol=0, atol=ATOL)
+        a = model(src, tgt)                                      # tgt_mask=None: the decoder is causal anyway
+        b = model(src, changed)
+    assert torch.equal(b[:, :t + 1], a[:, :t + 1])               # bit-identical
 
 
-def test_without_the_causal_mask_the_future_leaks():
+def test_no_leakage_through_decode_with_tgt_mask_none():
     model = causal_model()
     src, tgt = tokens(2, 5, 50, seed=7), tokens(2, 6, 50, seed=8)
     changed = tgt.clone()
-    changed[:, -1] = (changed[:, -1] % 49) + 1
+    changed[:, -1] = (changed[:, -1] % 49) + 1                    # only the last target token differs
     with torch.no_grad():
-        assert (model(src, changed)[:, 0] - model(src, tgt)[:, 0]).abs().max() > 1e-6
+        memory = model.encode(src)
+        a, b = model.decode(tgt, memory), model.decode(changed, memory)
+    assert torch.equal(a[:, :-1], b[:, :-1])
+    assert (a[:, -1] - b[:, -1]).abs().max() > 1e-6               # the test can fail: the last position did change
+    with torch.no_grad():                                         # make_tgt_mask (padding & causal): the same
+        torch.testing.assert_close(model(src, tgt, tgt_mask=model.make_tgt_mask(tgt)), model(src, tgt),
+                                   rtol=0, atol=ATOL)
+
+
+def test_target_padding_mask_keeps_real_logits():
+    model = causal_model()
+    src, tgt = tokens(2, 5, 50, seed=13), tokens(2, 4, 50, seed=14)
+    padded = torch.cat([tgt, torch.zeros(2, 3, dtype=torch.long)], dim=1)
+    with torch.no_grad():
+        a = model(src, tgt)
+        b = model(src, padded, tgt_mask=padding_mask(padded, 0))       # (B, 1, 1, T): padding only
+    torch.testing.assert_close(b[:, :4], a, rtol=0, atol=ATOL)
+
+
+def test_cache_through_decode_equals_full_decoding():
+    model = causal_model()
+    src, tgt = tokens(3, 5, 50, seed=15, pad_from=[5, 3, 1]), tokens(3, 6, 50, seed=16)
+    src_mask = model.make_src_mask(src)
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        full = model.decode(tgt, memory, src_mask)
+        cache = model.decoder.new_cache()
+        steps = [model.decode(tgt[:, i:i + 1], memory, src_mask, cache=cache) for i in range(6)]
+    assert model.decoder.cache_length(cache) == 6
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=ATOL)
 
 
 @settings(max_examples=12, deadline=None)
@@ -167,8 +214,8 @@ def test_appending_source_padding_changes_no_logit(lengths, extra, T):
     padded = torch.cat([src, torch.zeros(len(lengths), extra, dtype=torch.long)], dim=1)
     tgt = tokens(len(lengths), T, 50, seed=T)
     with torch.no_grad():
-        a = model(src, tgt, model.make_src_mask(src), causal_mask(T))
-        b = model(padded, tgt, model.make_src_mask(padded), causal_mask(T))
+        a = model(src, tgt, model.make_src_mask(src))
+        b = model(padded, tgt, model.make_src_mask(padded))
     torch.testing.assert_close(a, b, rtol=0, atol=ATOL)
 
 
@@ -193,7 +240,7 @@ def test_initialization_gives_unit_scale_embeddings_and_logits():
     ids = torch.randint(0, 2000, (4, 16))
     with torch.no_grad():
         assert abs(model.src_embed(ids).std().item() - 1) < 0.05
-        assert 0.7 < model(ids, ids, tgt_mask=causal_mask(16)).std().item() < 1.4
+        assert 0.7 < model(ids, ids).std().item() < 1.4
 
 
 def test_dropout_only_in_training():
@@ -210,11 +257,18 @@ def test_dropout_only_in_training():
 @pytest.mark.parametrize("kwargs, message", [
     ({"src_vocab_size": 50, "tgt_vocab_size": 60}, "tie_embeddings=True needs one shared vocabulary"),
     ({"num_heads": 5}, r"d_model \(32\) must be divisible by num_heads \(5\)"),
-    ({"num_encoder_layers": 0}, "num_encoder_layers must be a positive int"),
+    ({"num_encoder_layers": 0}, "num_encoder_layers must be an int >= 1, got 0"),
+    ({"num_decoder_layers": True}, "num_decoder_layers must be an int >= 1, got bool True"),
     ({"d_model": 33, "num_heads": 3}, "even"),
-    ({"dropout": 1.0}, "dropout"),
-    ({"pad_id": 50}, "pad_id"),
-    ({"d_ff": 2.5}, "d_ff must be a positive int"),
+    ({"dropout": 1.0}, r"dropout must lie in \[0, 1\), got 1.0"),
+    ({"dropout": True}, "dropout must be a number, got bool"),
+    ({"pad_id": 50}, "pad_id must be a token id of both vocabularies"),
+    ({"pad_id": True}, "pad_id must be an int >= 0, got bool True"),
+    ({"pad_id": -1}, "pad_id must be an int >= 0"),
+    ({"d_ff": 2.5}, "d_ff must be an int >= 1, got float 2.5"),
+    ({"norm_first": "False"}, "norm_first must be True or False, got str 'False'"),
+    ({"final_norm": 0}, "final_norm must be True or False, got int 0"),
+    ({"tie_embeddings": "yes"}, "tie_embeddings must be True or False"),
 ])
 def test_config_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -224,22 +278,43 @@ def test_config_errors(kwargs, message):
 def test_input_errors():
     model = Transformer(small_config())
     good = torch.zeros(2, 4, dtype=torch.long)
-    with pytest.raises(ValueError, match="src must be a 2-D integer tensor"):
-        model(torch.rand(2, 4), good)
-    with pytest.raises(ValueError, match="tgt must be a 2-D integer tensor"):
-        model(good, torch.zeros(4, dtype=torch.long))
-    with pytest.raises(ValueError, match="tgt must be a 2-D integer tensor"):
-        model(good, torch.zeros(2, 4, dtype=torch.bool))
-    with pytest.raises(ValueError, match="outside the vocabulary"):
-        model.encode(torch.tensor([[1, 50]]))
-    with pytest.raises(ValueError, match="outside the vocabulary"):
-        model(good, torch.tensor([[-1, 2, 3, 4], [1, 2, 3, 4]]))
-    with pytest.raises(ValueError, match="memory must have shape"):
-        model.decode(good, torch.zeros(3, 4, 32))
-    with pytest.raises(ValueError, match="memory must have shape"):
-        model.decode(good, torch.zeros(2, 4, 16))
-    with pytest.raises(ValueError, match="broadcast"):
-        model(good, good, tgt_mask=causal_mask(3))
+    cases = [
+        (lambda: model(torch.rand(2, 4), good), "src must be an integer tensor of token ids, got float32"),
+        (lambda: model(good, torch.zeros(4, dtype=torch.long)), r"tgt must be a tensor of shape \(B, length\)"),
+        (lambda: model(good, torch.zeros(2, 4, dtype=torch.bool)), "tgt must be an integer tensor"),
+        (lambda: model.encode(torch.tensor([[1, 50]])), "src holds token ids from 1 to 50, outside the vocabulary"),
+        (lambda: model(good, torch.tensor([[-1, 2, 3, 4], [1, 2, 3, 4]])), "tgt holds token ids from -1"),
+        (lambda: model(good, torch.zeros(3, 4, dtype=torch.long)), "src and tgt must have the same batch size"),
+        (lambda: model.decode(good, torch.zeros(3, 4, 32)), r"memory must have shape \(B=2, S, d_model=32\)"),
+        (lambda: model.decode(good, torch.zeros(2, 4, 16)), r"memory must be a tensor of shape \(B=2, S, d_model=32\)"),
+        (lambda: model.decode(good, torch.zeros(2, 4, 32, dtype=DT)), "memory is torch.float64 but the model"),
+        (lambda: model.decode(good, torch.zeros(2, 4, 32, dtype=torch.long)), "memory must be a floating-point"),
+        (lambda: model(good, good, tgt_mask=causal_mask(3)), r"tgt_mask of shape \(3, 3\) does not fit"),
+        (lambda: model(good, good, tgt_mask=causal_mask(4)), r"tgt_mask of shape \(4, 4\) .*mask\[None, None\]"),
+        (lambda: model(good, good, src_mask=good != 0), r"src_mask of shape \(2, 4\) .*padding_mask"),
+        (lambda: model(good, good, src_mask=model.make_tgt_mask(good)), r"src_mask .*\(B, 1, 1, S\)"),
+        (lambda: model(good, good, src_mask=(good != 0).float()[:, None, None]), "src_mask must be a bool tensor"),
+        (lambda: model.decode(good, torch.zeros(2, 4, 32), cache=[]), "cache must come from Decoder.new_cache"),
+    ]
+    for call, match in cases:
+        with pytest.raises(ValueError, match=match):
+            call()
+
+
+def test_token_ids_are_checked_once_per_forward(monkeypatch):
+    import transformer_lib.positional as positional
+    calls = []
+    real = positional.check_token_ids
+    monkeypatch.setattr(positional, "check_token_ids", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    model = Transformer(small_config())
+    model(tokens(2, 4, 50, seed=1), tokens(2, 3, 50, seed=2))
+    assert calls == ["src", "tgt"]
+
+
+def test_empty_batch():
+    model = Transformer(small_config()).eval()
+    empty = torch.zeros(0, 4, dtype=torch.long)
+    assert model(empty, empty[:, :3]).shape == (0, 3, 50)
 
 
 # ---------------------------------------------------------------- the exercise checker

@@ -1,5 +1,5 @@
 """Tests for transformer_lib.multi_head (Chapter 2): equality with torch.nn.MultiheadAttention in float64,
-the fast path, masks, shapes, gradients, FLOPs, every ValueError, and the exercise checker."""
+the fast path, masks, shapes, gradients, FLOPs, the AttentionCache, every ValueError, and the exercise checker."""
 
 import functools
 
@@ -9,12 +9,8 @@ import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from transformer_lib.attention import causal_mask, padding_mask
-from transformer_lib.multi_head import (
-    MultiHeadAttention,
-    check_split_merge,
-    copy_to_torch_mha,
-    torch_attn_mask,
-)
+from transformer_lib.exercises.multi_head import check_split_merge
+from transformer_lib.multi_head import AttentionCache, MultiHeadAttention, copy_to_torch_mha, torch_attn_mask
 
 F64 = dict(dtype=torch.float64)
 B, N, D, H, NQ, NK = 3, 6, 32, 4, 4, 7
@@ -38,12 +34,12 @@ def mask_cases():
     src = torch.tensor([[4, 4, 1, 9, 3, 0, 0], [8, 2, 5, 6, 7, 1, 3], [6, 0, 0, 0, 0, 0, 0]])
     per_head = torch.rand(B, H, NQ, NK, generator=g) < 0.5
     per_head[..., 0] = True
-    causal, pad = causal_mask(N), padding_mask(tokens, 0)
+    causal, pad = causal_mask(N)[None, None], padding_mask(tokens, 0)
     return {
         "self-none": (x, x, x, None, {}),
-        "self-causal": (x, x, x, causal, dict(attn_mask=~causal)),
+        "self-causal": (x, x, x, causal, dict(attn_mask=~causal_mask(N))),
         "self-padding": (x, x, x, pad, dict(key_padding_mask=tokens == 0)),
-        "self-causal-padding": (x, x, x, causal & pad, dict(attn_mask=~causal, key_padding_mask=tokens == 0)),
+        "self-causal-padding": (x, x, x, causal & pad, dict(attn_mask=~causal_mask(N), key_padding_mask=tokens == 0)),
         "self-causal-as-4d": (x, x, x, (causal & pad), dict(attn_mask=torch_attn_mask(causal & pad, B, H, N, N))),
         "cross-none": (q, mem, mem, None, {}),
         "cross-padding": (q, mem, mem, padding_mask(src, 0), dict(key_padding_mask=src == 0)),
@@ -89,10 +85,10 @@ def test_gradients_equal_torch():
 @pytest.mark.parametrize("need_weights", [True, False])
 def test_gradcheck(need_weights):
     torch.manual_seed(0)
-    mha = MultiHeadAttention(8, 2).to(**F64)
+    mha = MultiHeadAttention(8, 2, dropout=0.0).to(**F64)
     x = torch.randn(2, 4, 8, **F64, requires_grad=True)
     m = torch.randn(2, 3, 8, **F64, requires_grad=True)
-    mask = causal_mask(4)[:, :3]
+    mask = causal_mask(4)[None, None, :, :3]
     assert torch.autograd.gradcheck(lambda a, b: mha(a, b, b, mask, need_weights=need_weights)[0], (x, m))
 
 
@@ -100,7 +96,7 @@ def test_fully_masked_rows_give_bias_not_nan():
     ours, theirs = make_pair()
     x = CASES["self-none"][0][:1]
     left = torch.tensor([[0, 0, 4, 7, 1, 3]])
-    mask = causal_mask(N) & padding_mask(left, 0)
+    mask = causal_mask(N) & padding_mask(left, 0)                   # (1, 1, N, N)
     with torch.no_grad():
         out, w = ours(x, x, x, mask, need_weights=True)
         fast, _ = ours(x, x, x, mask)
@@ -109,8 +105,7 @@ def test_fully_masked_rows_give_bias_not_nan():
     assert torch.equal(w[0, :, :2], torch.zeros(H, 2, N, **F64))
     assert torch.allclose(out[0, :2], ours.W_o.bias.expand(2, -1), rtol=0, atol=TOL)
     assert (fast - out).abs().max() < TOL
-    assert torch.isnan(ref[0, :2]).all()           # PyTorch's module gives NaN there
-    assert (out[0, 2:] - ref[0, 2:]).abs().max() < TOL
+    assert (out[0, 2:] - ref[0, 2:]).abs().max() < TOL           # (PyTorch's own rows 0, 1 are not our concern)
 
 
 @pytest.mark.parametrize("need_weights", [True, False])
@@ -120,7 +115,7 @@ def test_causal_mask_blocks_the_future(need_weights):
     x = torch.randn(2, N, D, **F64)
     y = x.clone()
     y[:, 4:] = torch.randn(2, N - 4, D, **F64)        # change only the future of positions 0..3
-    mask = causal_mask(N)
+    mask = causal_mask(N)[None, None]
     with torch.no_grad():
         a, b = mha(x, x, x, mask, need_weights)[0], mha(y, y, y, mask, need_weights)[0]
     assert torch.equal(a[:, :4], b[:, :4])
@@ -156,9 +151,8 @@ def test_split_heads_layout_and_merge_inverse():
 
 
 def test_attributes_and_parameter_count():
-    mha = MultiHeadAttention(512, 8, dropout=0.1)
+    mha = MultiHeadAttention(512, 8)
     assert (mha.d_model, mha.num_heads, mha.d_k) == (512, 8, 64)
-    assert isinstance(mha.dropout, nn.Dropout) and mha.dropout.p == 0.1
     for lin in (mha.W_q, mha.W_k, mha.W_v, mha.W_o):
         assert isinstance(lin, nn.Linear) and lin.weight.shape == (512, 512)
     assert sum(p.numel() for p in mha.parameters()) == 1_050_624
@@ -169,7 +163,7 @@ def test_flops_do_not_depend_on_heads():
     x = torch.randn(2, 16, 64)
     counts = []
     for h in (1, 4, 16):
-        mha = MultiHeadAttention(64, h)
+        mha = MultiHeadAttention(64, h).eval()
         counter = FlopCounterMode(display=False)
         with counter, torch.no_grad():
             mha(x, x, x, need_weights=True)
@@ -199,19 +193,24 @@ def test_torch_attn_mask_layout():
     out = torch_attn_mask(mask, 2, 3, 4, 5)
     assert out.shape == (6, 4, 5) and out.dtype == torch.bool
     assert torch.equal(out[1 * 3 + 2], ~mask[1, 2])                 # row b*h + i holds batch b, head i
-    assert torch.equal(torch_attn_mask(causal_mask(4), 2, 3, 4, 4)[5], ~causal_mask(4))
+    assert torch.equal(torch_attn_mask(causal_mask(4)[None, None], 2, 3, 4, 4)[5], ~causal_mask(4))
 
 
 # ---- ValueError paths --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("args, match", [
-    ((512, 6), "divisible by num_heads=6"),
-    ((0, 1), "d_model must be a positive int"),
-    ((8, 0), "num_heads must be a positive int"),
-    ((8.0, 2), "d_model must be a positive int"),
+@pytest.mark.parametrize("args, kwargs, match", [
+    ((512, 6), {}, "divisible by num_heads=6"),
+    ((0, 1), {}, "d_model must be an int >= 1, got 0"),
+    ((8, 0), {}, "num_heads must be an int >= 1, got 0"),
+    ((8.0, 2), {}, "d_model must be an int >= 1, got float 8.0"),
+    ((8, True), {}, "num_heads must be an int >= 1, got bool True"),
+    ((8, 2), {"dropout": 1.0}, r"dropout must lie in \[0, 1\), got 1.0"),
+    ((8, 2), {"dropout": -0.1}, r"dropout must lie in \[0, 1\)"),
+    ((8, 2), {"dropout": True}, "dropout must be a number, got bool"),
+    ((8, 2), {"bias": "False"}, "bias must be True or False, got str"),
 ])
-def test_constructor_errors(args, match):
+def test_constructor_errors(args, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        MultiHeadAttention(*args)
+        MultiHeadAttention(*args, **kwargs)
 
 
 def _inputs():
@@ -219,22 +218,32 @@ def _inputs():
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda m, x, mem: m(torch.randn(2, 5, 48), mem, mem), r"query must have shape \(B, n, d_model=32\)"),
-    (lambda m, x, mem: m(x[0], mem, mem), r"query must have shape .* got \(5, 32\)"),
-    (lambda m, x, mem: m(x, mem[..., :16], mem), r"key must have shape"),
-    (lambda m, x, mem: m(x, mem, [1, 2]), r"value must have shape .* got list"),
+    (lambda m, x, mem: m(torch.randn(2, 5, 48), mem, mem), r"query must be a tensor of shape \(B, n, d_model=32\)"),
+    (lambda m, x, mem: m(x[0], mem, mem), r"query must be a tensor of shape .* got float32 tensor of shape \(5, 32\)"),
+    (lambda m, x, mem: m(x, mem[..., :16], mem), r"key must be a tensor of shape"),
+    (lambda m, x, mem: m(x, mem, [1, 2]), r"value must be a tensor of shape .* got list"),
+    (lambda m, x, mem: m(x.double(), mem, mem), r"query is torch.float64 but W_q.weight is torch.float32"),
+    (lambda m, x, mem: m(x, mem.double(), mem), r"key is torch.float64 but W_q.weight is torch.float32"),
+    (lambda m, x, mem: m(x, mem, mem.half()), r"value is torch.float16 but W_q.weight is torch.float32"),
+    (lambda m, x, mem: m(x.long(), mem, mem), r"query must be a floating-point tensor, got int64"),
+    (lambda m, x, mem: m(x, mem, mem, need_weights="False"), "need_weights must be True or False"),
     (lambda m, x, mem: m(x, mem, mem[:, :6]), "key and value must have the same length n_k"),
     (lambda m, x, mem: m(x, mem[:1], mem[:1]), "same batch size B"),
-    (lambda m, x, mem: m(x, mem, mem, torch.ones(2, 5, 7, dtype=torch.bool)), r"mask\[:, None\]"),
-    (lambda m, x, mem: m(x, mem, mem, torch.ones(7, dtype=torch.bool)), "mask must be 2-D"),
-    (lambda m, x, mem: m(x, mem, mem, causal_mask(5)), "does not broadcast"),
-    (lambda m, x, mem: m(x, mem, mem, torch.ones(2, 3, 5, 7, dtype=torch.bool)), "does not broadcast"),
-    (lambda m, x, mem: m(x, x, x, torch.ones(5, 5)), "mask must be a bool tensor"),
+    (lambda m, x, mem: m(x, mem, mem, torch.ones(2, 5, 7, dtype=torch.bool)), r"head axis: mask\[:, None\]"),
+    (lambda m, x, mem: m(x, mem, mem, torch.ones(7, dtype=torch.bool)), r"mask of shape \(7,\) does not fit"),
+    (lambda m, x, mem: m(x, mem, mem, causal_mask(5)[None, None]), r"\(1, 1, 5, 5\) does not fit .* \(2, 4, 5, 7\)"),
+    (lambda m, x, mem: m(x, mem, mem, torch.ones(2, 3, 5, 7, dtype=torch.bool)), "does not fit"),
+    (lambda m, x, mem: m(x, mem, mem, causal_mask(7)[None, None, :5]), None),      # the last n_q rows: fine
+    (lambda m, x, mem: m(x, x, x, torch.ones(1, 1, 5, 5)), "mask must be a bool tensor"),
+    (lambda m, x, mem: m(x, x, x, cache=[]), "cache must be an AttentionCache or None, got list"),
 ])
 @pytest.mark.parametrize("need_weights", [True, False])
 def test_forward_errors(call, match, need_weights):
     mha = functools.partial(MultiHeadAttention(32, 4), need_weights=need_weights)
     x, mem = _inputs()
+    if match is None:
+        assert call(mha, x, mem)[0].shape == (2, 5, 32)
+        return
     with pytest.raises(ValueError, match=match):
         call(mha, x, mem)
 
@@ -253,9 +262,163 @@ def test_copy_to_torch_mha_errors():
 
 def test_torch_attn_mask_errors():
     with pytest.raises(ValueError, match="bool tensor"):
-        torch_attn_mask(torch.ones(4, 5), 2, 3, 4, 5)
-    with pytest.raises(ValueError, match="does not broadcast"):
-        torch_attn_mask(torch.ones(4, 6, dtype=torch.bool), 2, 3, 4, 5)
+        torch_attn_mask(torch.ones(1, 1, 4, 5), 2, 3, 4, 5)
+    with pytest.raises(ValueError, match="does not fit"):
+        torch_attn_mask(torch.ones(1, 1, 4, 6, dtype=torch.bool), 2, 3, 4, 5)
+    with pytest.raises(ValueError, match=r"mask\[None, None\]"):      # the rank rule: no 2-D masks either
+        torch_attn_mask(torch.ones(4, 5, dtype=torch.bool), 2, 3, 4, 5)
+
+
+# ---- masks: the rank rule and fully masked rows ------------------------------------------------------------
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_rank_rule_rejects_a_padding_mask_when_batch_equals_n_q(need_weights):
+    """A (B, S) padding mask would broadcast as (n_q, n_k) when B == n_q, mixing rows. It must be rejected,
+    while its (B, 1, 1, S) form is accepted and hides the padded keys."""
+    mha = MultiHeadAttention(D, H).to(**F64).eval()
+    B_, S = 3, 5
+    q, mem = torch.randn(B_, B_, D, **F64), torch.randn(B_, S, D, **F64)        # n_q == B
+    tokens = torch.tensor([[1, 2, 3, 4, 5], [1, 2, 0, 0, 0], [1, 0, 0, 0, 0]])
+    with pytest.raises(ValueError, match=r"mask of shape \(3, 5\) does not fit .*padding_mask\(tokens, pad_id\)"):
+        mha(q, mem, mem, tokens != 0, need_weights=need_weights)
+    _, w = mha(q, mem, mem, padding_mask(tokens, 0), need_weights=True)
+    assert (w[1, ..., 2:] == 0).all() and (w[2, ..., 1:] == 0).all() and (w[0] > 0).all()
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_fully_masked_rows_are_zero_before_w_o_on_both_paths(need_weights):
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(D, H).to(**F64).eval()
+    x = torch.randn(2, N, D, **F64)
+    mask = torch.ones(2, 1, N, N, dtype=torch.bool)
+    mask[1, 0, 3] = False                                          # query 3 of sequence 1 sees nothing
+    with torch.no_grad():
+        out, w = mha(x, x, x, mask, need_weights=need_weights)
+    assert torch.isfinite(out).all()
+    assert torch.equal(out[1, 3], mha.W_o.bias.detach())           # zero heads, then W_o's bias
+    if need_weights:
+        assert torch.equal(w[1, :, 3], torch.zeros(H, N, **F64))
+    x.requires_grad_(True)
+    mha(x, x, x, mask, need_weights=need_weights)[0].sum().backward()
+    assert torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_empty_batch(need_weights):
+    mha = MultiHeadAttention(D, H).eval()
+    out, w = mha(torch.randn(0, 3, D), torch.randn(0, 5, D), torch.randn(0, 5, D), need_weights=need_weights)
+    assert out.shape == (0, 3, D)
+    assert w is None if not need_weights else w.shape == (0, H, 3, 5)
+
+
+def test_default_dropout_is_the_papers_0_1_and_acts_in_training_only():
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(D, H).to(**F64)                       # no dropout argument
+    x = torch.randn(8, 16, D, **F64)
+    _, w = mha(x, x, x, need_weights=True)                         # a new module is in training mode
+    dropped = (w == 0).double().mean().item()
+    assert 0.08 < dropped < 0.12
+    _, w_eval = mha.eval()(x, x, x, need_weights=True)
+    assert (w_eval > 0).all()
+
+
+# ---- the cache -----------------------------------------------------------------------------------------------
+def _step_by_step(mha, x, memory=None, need_weights=False):
+    """Feed x one position at a time through a fresh cache; return the concatenated outputs and the cache."""
+    cache = AttentionCache(static=memory is not None)
+    outs = []
+    for t in range(x.size(1)):
+        x_t = x[:, t:t + 1]
+        kv = x_t if memory is None else memory
+        outs.append(mha(x_t, kv, kv, need_weights=need_weights, cache=cache)[0])
+    return torch.cat(outs, dim=1), cache
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_cache_incremental_equals_full_causal_attention(need_weights):
+    torch.manual_seed(1)
+    mha = MultiHeadAttention(D, H).to(**F64).eval()
+    x = torch.randn(3, 9, D, **F64)
+    with torch.no_grad():
+        full, _ = mha(x, x, x, causal_mask(9)[None, None], need_weights=need_weights)
+        steps, cache = _step_by_step(mha, x, need_weights=need_weights)
+    assert len(cache) == 9 and cache.k.shape == cache.v.shape == (3, H, 9, D // H)
+    assert (steps - full).abs().max() < 1e-12
+    # and without the causal mask the full output differs: the test can tell the two apart
+    assert (steps - mha(x, x, x)[0]).abs().max() > 1e-3
+
+
+def test_cache_blocks_of_several_positions_with_an_offset_causal_mask():
+    torch.manual_seed(2)
+    mha = MultiHeadAttention(D, H).to(**F64).eval()
+    x = torch.randn(2, 7, D, **F64)
+    mask = causal_mask(7)[None, None]
+    with torch.no_grad():
+        full, _ = mha(x, x, x, mask)
+        cache = AttentionCache()
+        a, _ = mha(x[:, :3], x[:, :3], x[:, :3], mask[..., :3, :3], cache=cache)
+        b, _ = mha(x[:, 3:], x[:, 3:], x[:, 3:], mask[..., 3:, :], cache=cache)      # n_k = 3 + 4
+    assert (torch.cat([a, b], dim=1) - full).abs().max() < 1e-12
+    with pytest.raises(ValueError, match=r"\(1, 1, 1, 2\) does not fit .* \(2, 4, 1, 8\)"):
+        mha(x[:, :1], x[:, :1], x[:, :1], mask[..., :1, :2], cache=cache)           # n_k must count the cache
+    assert len(cache) == 7                                                           # the failed call left it alone
+
+
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_static_cache_projects_the_memory_once_and_reuses_it(need_weights):
+    torch.manual_seed(3)
+    mha = MultiHeadAttention(D, H).to(**F64).eval()
+    x, memory = torch.randn(2, 5, D, **F64), torch.randn(2, 8, D, **F64)
+    calls = []
+    hook = mha.W_k.register_forward_hook(lambda mod, args, out: calls.append(args[0].shape[1]))
+    with torch.no_grad():
+        steps, cache = _step_by_step(mha, x, memory, need_weights)
+        k_first = cache.k
+        again, _ = mha(x[:, :1], None, None, cache=cache)                            # key/value not read any more
+    hook.remove()
+    assert calls == [8] and cache.k is k_first and len(cache) == 8
+    with torch.no_grad():
+        assert (steps - mha(x, memory, memory)[0]).abs().max() < 1e-12
+        assert (again - steps[:, :1]).abs().max() < 1e-12
+
+
+def test_cache_reorder_keeps_and_duplicates_rows():
+    torch.manual_seed(4)
+    mha = MultiHeadAttention(D, H).to(**F64).eval()
+    x, memory = torch.randn(3, 6, D, **F64), torch.randn(3, 4, D, **F64)
+    index = torch.tensor([2, 2, 0, 1])
+    with torch.no_grad():
+        full, _ = mha(x, x, x, causal_mask(6)[None, None])
+        full_cross, _ = mha(x, memory, memory)
+        self_cache, cross_cache = AttentionCache(), AttentionCache(static=True)
+        mha(x[:, :4], x[:, :4], x[:, :4], causal_mask(4)[None, None], cache=self_cache)
+        mha(x[:, :4], memory, memory, cache=cross_cache)
+        for c in (self_cache, cross_cache):
+            c.reorder(index)
+        assert len(self_cache) == 4 and self_cache.k.size(0) == 4
+        x4 = x[index, 4:5]
+        out, _ = mha(x4, x4, x4, cache=self_cache)
+        cross, _ = mha(x4, None, None, cache=cross_cache)
+    assert (out - full[index, 4:5]).abs().max() < 1e-12
+    assert (cross - full_cross[index, 4:5]).abs().max() < 1e-12
+    empty = AttentionCache()
+    empty.reorder(index)                                       # nothing cached yet: nothing to do
+    assert len(empty) == 0
+
+
+def test_cache_errors():
+    mha = MultiHeadAttention(D, H).eval()
+    cache = AttentionCache()
+    x = torch.randn(2, 3, D)
+    mha(x, x, x, causal_mask(3)[None, None], cache=cache)
+    with pytest.raises(ValueError, match=r"cache holds 2 batch rows but query has B=3.*reorder"):
+        mha(torch.randn(3, 1, D), torch.randn(3, 1, D), torch.randn(3, 1, D), cache=cache)
+    with pytest.raises(ValueError, match="mask must be a bool tensor"):   # a 0/1 float mask is not a bias
+        mha(x[:, :1], x[:, :1], x[:, :1], torch.ones(1, 1, 1, 4), cache=cache)
+    assert len(cache) == 3
+    with pytest.raises(ValueError, match="static must be True or False, got str"):
+        AttentionCache(static="False")
+    with pytest.raises(ValueError, match="key must be a tensor"):       # an empty static cache needs the memory
+        mha(x, None, None, cache=AttentionCache(static=True))
 
 
 # ---- the exercise checker ----------------------------------------------------------------------------------

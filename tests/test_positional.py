@@ -8,13 +8,9 @@ import pytest
 import torch
 import torch.nn as nn
 
+from transformer_lib.exercises.positional import check_sinusoidal_encoding
 from transformer_lib.multi_head import MultiHeadAttention
-from transformer_lib.positional import (
-    PositionalEncoding,
-    TokenEmbedding,
-    check_sinusoidal_encoding,
-    sinusoidal_encoding,
-)
+from transformer_lib.positional import PositionalEncoding, TokenEmbedding, sinusoidal_encoding
 
 F64 = torch.float64
 
@@ -96,7 +92,6 @@ def test_attention_is_permutation_equivariant_without_positions_only():
 # ---- PositionalEncoding -------------------------------------------------------------------------------------
 def test_positional_encoding_adds_table_and_offsets():
     pos = PositionalEncoding(32, dropout=0.1, max_len=50).eval()
-    assert isinstance(pos.dropout, nn.Dropout) and pos.dropout.p == 0.1
     x = torch.randn(3, 20, 32)
     assert torch.equal(pos(x), x + sinusoidal_encoding(20, 32))
     assert torch.equal(pos(x[:, 7:], start=7), pos(x)[:, 7:])
@@ -122,14 +117,30 @@ def test_positional_encoding_float64_and_dropout():
     assert torch.equal(pos(x), pos(x))
 
 
+def test_default_dropout_is_the_papers_0_1():
+    torch.manual_seed(0)
+    pos = PositionalEncoding(16, max_len=40)                   # no dropout argument; a new module trains
+    out = pos(torch.full((100, 40, 16), 2.0))                  # x + PE is never 0
+    assert abs((out == 0).float().mean().item() - 0.1) < 0.01
+
+
+def test_length_zero_and_empty_batch():
+    pos = PositionalEncoding(8, max_len=10).eval()
+    assert pos(torch.zeros(2, 0, 8)).shape == (2, 0, 8)
+    assert pos(torch.zeros(0, 4, 8), start=6).shape == (0, 4, 8)
+    assert TokenEmbedding(10, 4)(torch.zeros(0, 3, dtype=torch.long)).shape == (0, 3, 4)
+
+
 @pytest.mark.parametrize("call, match", [
     (lambda pos: pos(torch.zeros(1, 11, 8)), r"positions 0..10 do not fit in max_len=10"),
     (lambda pos: pos(torch.zeros(1, 3, 8), start=8), r"positions 8..10 do not fit in max_len=10"),
-    (lambda pos: pos(torch.zeros(1, 3, 8), start=-1), "start must be a non-negative int"),
-    (lambda pos: pos(torch.zeros(1, 3, 8), start=1.0), "start must be a non-negative int"),
-    (lambda pos: pos(torch.zeros(1, 3, 6)), r"x must have shape \(B, n, d_model=8\), got \(1, 3, 6\)"),
-    (lambda pos: pos(torch.zeros(3, 8)), r"x must have shape .* got \(3, 8\)"),
-    (lambda pos: pos([1.0]), "x must have shape .* got list"),
+    (lambda pos: pos(torch.zeros(1, 3, 8), start=-1), "start must be an int >= 0, got -1"),
+    (lambda pos: pos(torch.zeros(1, 3, 8), start=1.0), "start must be an int >= 0, got float 1.0"),
+    (lambda pos: pos(torch.zeros(1, 3, 8), start=True), "start must be an int >= 0, got bool True"),
+    (lambda pos: pos(torch.zeros(1, 3, 6)), r"x must be a tensor of shape \(B, n, d_model=8\), got float32 tensor of shape \(1, 3, 6\)"),
+    (lambda pos: pos(torch.zeros(3, 8)), r"x must be a tensor of shape .* got float32 tensor of shape \(3, 8\)"),
+    (lambda pos: pos([1.0]), "x must be a tensor of shape .* got list"),
+    (lambda pos: pos(torch.zeros(1, 3, 8, dtype=torch.long)), "x must be a floating-point tensor, got int64"),
 ])
 def test_positional_encoding_errors(call, match):
     with pytest.raises(ValueError, match=match):
@@ -137,14 +148,34 @@ def test_positional_encoding_errors(call, match):
 
 
 @pytest.mark.parametrize("args, match", [
-    ((0, 8), "max_len must be a positive int"),
-    ((10.0, 8), "max_len must be a positive int"),
-    ((10, 7), "d_model must be a positive even int"),
-    ((10, 0), "d_model must be a positive even int"),
+    ((0, 8), "max_len must be an int >= 1, got 0"),
+    ((10.0, 8), "max_len must be an int >= 1, got float"),
+    ((True, 8), "max_len must be an int >= 1, got bool"),
+    ((10, 7), "d_model must be even"),
+    ((10, 0), "d_model must be an int >= 2, got 0"),
+    ((10, 8, torch.long), "dtype must be a floating-point torch.dtype.*int64"),
+    ((10, 8, "float32"), "dtype must be a floating-point torch.dtype"),
 ])
 def test_sinusoidal_encoding_errors(args, match):
     with pytest.raises(ValueError, match=match):
         sinusoidal_encoding(*args)
+
+
+@pytest.mark.parametrize("cls, kwargs, match", [
+    (PositionalEncoding, dict(d_model=8, dropout=1.0), r"dropout must lie in \[0, 1\), got 1.0"),
+    (PositionalEncoding, dict(d_model=8, dropout=-0.5), r"dropout must lie in \[0, 1\)"),
+    (PositionalEncoding, dict(d_model=7), "d_model must be even"),
+    (PositionalEncoding, dict(d_model=True), "d_model must be an int >= 1, got bool"),
+    (PositionalEncoding, dict(d_model=8, max_len=0), "max_len must be an int >= 1, got 0"),
+    (TokenEmbedding, dict(vocab_size=0, d_model=4), "vocab_size must be an int >= 1, got 0"),
+    (TokenEmbedding, dict(vocab_size=10, d_model=4.0), "d_model must be an int >= 1, got float"),
+    (TokenEmbedding, dict(vocab_size=10, d_model=4, padding_idx=10), r"padding_idx must lie in \[-vocab_size, vocab_size\)"),
+    (TokenEmbedding, dict(vocab_size=10, d_model=4, padding_idx=-11), "padding_idx must be an int >= -10"),
+    (TokenEmbedding, dict(vocab_size=10, d_model=4, padding_idx=True), "padding_idx must be an int >= -10, got bool"),
+])
+def test_constructor_errors(cls, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        cls(**kwargs)
 
 
 # ---- TokenEmbedding ------------------------------------------------------------------------------------------
@@ -167,7 +198,7 @@ def test_token_embedding_init_padding_and_tying():
     assert torch.equal(emb.weight[3], torch.zeros(256))
     std = emb.weight[torch.arange(2000) != 3].std().item()
     assert abs(std - 256 ** -0.5) < 0.002                          # entries ~ d^-1/2 ...
-    assert abs(emb(torch.arange(4, 2000)).pow(2).mean().sqrt().item() - 1) < 0.01   # ... scaled to ~1
+    assert abs(emb(torch.arange(4, 2000)[None]).pow(2).mean().sqrt().item() - 1) < 0.01   # ... scaled to ~1
     emb(torch.tensor([[3, 5]])).sum().backward()
     assert torch.equal(emb.weight.grad[3], torch.zeros(256))       # padding row gets no gradient
     head = nn.Linear(256, 2000, bias=False)
@@ -177,15 +208,23 @@ def test_token_embedding_init_padding_and_tying():
 
 
 @pytest.mark.parametrize("tokens, match", [
-    (torch.tensor([[1.0, 2.0]]), "integer tensor of token ids, got torch.float32"),
-    (torch.tensor([[True, False]]), "integer tensor of token ids, got torch.bool"),
-    ([[1, 2]], "integer tensor of token ids, got list"),
-    (torch.tensor([[1, 10]]), r"\[0, vocab_size=10\), got values from 1 to 10"),
-    (torch.tensor([[-1, 2]]), r"got values from -1 to 2"),
+    (torch.tensor([[1.0, 2.0]]), "tokens must be an integer tensor of token ids, got float32"),
+    (torch.tensor([[True, False]]), "tokens must be an integer tensor of token ids, got bool"),
+    ([[1, 2]], r"tokens must be a tensor of shape \(B, length\), got list"),
+    (torch.tensor([1, 2]), r"tokens must be a tensor of shape \(B, length\), got int64 tensor of shape \(2,\)"),
+    (torch.tensor([[1, 10]]), r"tokens holds token ids from 1 to 10, outside the vocabulary \[0, 9\]"),
+    (torch.tensor([[-1, 2]]), r"tokens holds token ids from -1 to 2"),
 ])
 def test_token_embedding_errors(tokens, match):
     with pytest.raises(ValueError, match=match):
         TokenEmbedding(10, 4)(tokens)
+
+
+def test_token_embedding_names_the_callers_argument():
+    with pytest.raises(ValueError, match=r"^src holds token ids from 0 to 12"):
+        TokenEmbedding(10, 4)(torch.tensor([[0, 12]]), name="src")
+    with pytest.raises(ValueError, match=r"^tgt must be an integer tensor"):
+        TokenEmbedding(10, 4)(torch.tensor([[0.5]]), name="tgt")
 
 
 # ---- the exercise checker ------------------------------------------------------------------------------------

@@ -1,16 +1,17 @@
 """Tests for transformer_lib.residual (Chapter 5): LayerNorm equals nn.LayerNorm in float64 and shares its
 state_dict; SublayerConnection around MultiHeadAttention and PositionwiseFeedForward reproduces
 nn.TransformerEncoderLayer for norm_first=False and True (dropout masks included); gradients; every ValueError;
-and the exercise checker."""
+half precision (statistics in float32); and the exercise checker (transformer_lib.exercises)."""
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from transformer_lib.exercises.residual import check_layer_norm
 from transformer_lib.feed_forward import PositionwiseFeedForward
 from transformer_lib.multi_head import MultiHeadAttention
-from transformer_lib.residual import LayerNorm, SublayerConnection, check_layer_norm
+from transformer_lib.residual import LayerNorm, SublayerConnection
 
 F64 = dict(dtype=torch.float64)
 TOL = 1e-12
@@ -43,6 +44,41 @@ def test_layer_norm_tiny_variance_equals_torch():
     ours, theirs = LayerNorm(16).to(**F64), nn.LayerNorm(16, **F64)
     assert (ours(x) - theirs(x)).abs().max().item() <= 1e-10
     assert ours(x).abs().max() < 0.1                              # eps keeps the output small, not standardised
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("scale", [1.0, 1000.0])
+def test_layer_norm_half_precision_equals_torch(dtype, scale):
+    """Statistics in float32, as nn.LayerNorm computes them: with |x - mean| > 256, (x - mean)^2 overflows
+    float16, and a float16 computation would return beta everywhere."""
+    torch.manual_seed(0)
+    theirs = random_affine(nn.LayerNorm(64)).to(dtype)
+    ours = LayerNorm(64).to(dtype)
+    ours.load_state_dict(theirs.state_dict())
+    x = (scale * torch.randn(3, 7, 64)).to(dtype)
+    if scale > 1:
+        assert (x.float() - x.float().mean(-1, keepdim=True)).abs().max() > 256
+    out = ours(x)
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    ref = theirs(x).float()
+    exact = F.layer_norm(x.double(), (64,), theirs.weight.double(), theirs.bias.double())
+    assert (out.float() - ref).abs().max() <= 2 * torch.finfo(dtype).eps * ref.abs().max()
+    assert (out.double() - exact).abs().max() <= 2 * torch.finfo(dtype).eps * exact.abs().max()
+    assert (out.float() - ours.bias.float()).abs().max() > 0.5       # not collapsed to beta
+
+
+def test_layer_norm_float32_and_float64_compute_in_their_own_dtype():
+    torch.manual_seed(0)
+    x = 3 + 5 * torch.randn(4, 16, **F64)
+    ours = LayerNorm(16).to(**F64)
+    mean = x.mean(-1, keepdim=True)
+    formula = (x - mean) / torch.sqrt((x - mean).pow(2).mean(-1, keepdim=True) + 1e-5)
+    assert ours(x).dtype == torch.float64 and torch.equal(ours(x), formula)   # no float32 detour
+    assert LayerNorm(16)(x.float()).dtype == torch.float32
+
+
+def test_layer_norm_empty_batch():
+    assert LayerNorm(16)(torch.randn(0, 5, 16)).shape == (0, 5, 16)
 
 
 def test_layer_norm_gradients_equal_torch():
@@ -109,14 +145,14 @@ def test_layer_norm_does_not_depend_on_the_batch_but_batch_norm_does():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(d_model=0), "d_model must be a positive int, got 0"),
-    (dict(d_model=16.0), "d_model must be a positive int, got 16.0"),
-    (dict(d_model=False), "d_model must be a positive int, got False"),
-    (dict(d_model=16, eps=0.0), "eps must be a positive float, got 0.0"),
-    (dict(d_model=16, eps=-1e-5), "eps must be a positive float"),
-    (dict(d_model=16, eps="1e-5"), "eps must be a positive float"),
-    (dict(d_model=16, eps=True), "eps must be a positive float, got True"),
-    (dict(d_model=16, eps=float("nan")), "eps must be a positive float, got nan"),
+    (dict(d_model=0), "d_model must be an int >= 1, got 0"),
+    (dict(d_model=16.0), "d_model must be an int >= 1, got float 16.0"),
+    (dict(d_model=False), "d_model must be an int >= 1, got bool False"),
+    (dict(d_model=16, eps=0.0), r"eps must lie in \(0, inf\], got 0.0"),
+    (dict(d_model=16, eps=-1e-5), r"eps must lie in \(0, inf\]"),
+    (dict(d_model=16, eps="1e-5"), "eps must be a number, got str"),
+    (dict(d_model=16, eps=True), "eps must be a number, got bool True"),
+    (dict(d_model=16, eps=float("nan")), r"eps must lie in \(0, inf\], got nan"),
 ])
 def test_layer_norm_constructor_value_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -124,9 +160,12 @@ def test_layer_norm_constructor_value_errors(kwargs, match):
 
 
 @pytest.mark.parametrize("x, match", [
-    (torch.randn(2, 5, 15), r"x must have shape \(\.\.\., d_model=16\), got \(2, 5, 15\)"),
-    (torch.tensor(1.0), r"got \(\)"),
+    (torch.randn(2, 5, 15), r"x must be a tensor of shape \(\.\.\., d_model=16\), got float32 tensor of shape \(2, 5, 15\)"),
+    (torch.tensor(1.0), r"shape \(\)"),
     ("x", "got str"),
+    (torch.ones(2, 16, dtype=torch.long), "x must be a floating-point tensor"),
+    (torch.randn(2, 16, dtype=torch.float64), "x is torch.float64 but the module is torch.float32"),
+    (torch.randn(2, 16, dtype=torch.float16), "x is torch.float16 but the module is torch.float32"),
 ])
 def test_layer_norm_forward_value_errors(x, match):
     with pytest.raises(ValueError, match=match):
@@ -185,7 +224,7 @@ def test_two_sublayer_connections_are_torch_encoder_layer(norm_first, mask_kind)
     elif mask_kind == "padding":
         ours, theirs = block(x, keep[:, None, None, :]), ref(x, src_key_padding_mask=~keep)
     else:
-        ours, theirs = block(x, causal), ref(x, src_mask=~causal)
+        ours, theirs = block(x, causal[None, None]), ref(x, src_mask=~causal)
     assert (ours - theirs).abs().max().item() <= TOL
     (ours * theirs.detach()).sum().backward()
     (theirs * theirs.detach()).sum().backward()
@@ -219,9 +258,9 @@ def test_dropout_masks_match_torch_encoder_layer(norm_first):
 def test_post_and_pre_norm_formulas():
     torch.manual_seed(0)
     x = torch.randn(2, 5, 16, **F64)
-    ffn = PositionwiseFeedForward(16, 64).to(**F64)
-    post = SublayerConnection(16).to(**F64)
-    pre = SublayerConnection(16, norm_first=True).to(**F64)
+    ffn = PositionwiseFeedForward(16, 64, dropout=0.0).to(**F64)
+    post = SublayerConnection(16, dropout=0.0).to(**F64)
+    pre = SublayerConnection(16, dropout=0.0, norm_first=True).to(**F64)
     random_affine(post.norm)
     random_affine(pre.norm)
     assert torch.equal(post(x, ffn), post.norm(x + ffn(x)))
@@ -243,9 +282,9 @@ def test_dropout_acts_on_the_sublayer_output_only():
 
 def test_gradcheck_sublayer_connection():
     torch.manual_seed(0)
-    ffn = PositionwiseFeedForward(4, 8).to(**F64)
+    ffn = PositionwiseFeedForward(4, 8, dropout=0.0).to(**F64)
     for norm_first in (False, True):
-        wrapper = SublayerConnection(4, norm_first=norm_first).to(**F64)
+        wrapper = SublayerConnection(4, dropout=0.0, norm_first=norm_first).to(**F64)
         x = torch.randn(2, 3, 4, **F64, requires_grad=True)
         assert torch.autograd.gradcheck(lambda t, w=wrapper: w(t, ffn), (x,))
 
@@ -259,12 +298,14 @@ def test_residual_path_carries_the_gradient_in_pre_norm():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(d_model=0), "d_model must be a positive int, got 0"),
-    (dict(d_model="16"), "d_model must be a positive int"),
-    (dict(d_model=16, dropout=1.0), r"dropout must be a probability in \[0, 1\), got 1.0"),
-    (dict(d_model=16, dropout=-0.5), r"dropout must be a probability in \[0, 1\)"),
-    (dict(d_model=16, norm_first=1), "norm_first must be True or False, got 1"),
-    (dict(d_model=16, norm_first="pre"), "norm_first must be True or False, got 'pre'"),
+    (dict(d_model=0), "d_model must be an int >= 1, got 0"),
+    (dict(d_model="16"), "d_model must be an int >= 1"),
+    (dict(d_model=16, dropout=1.0), r"dropout must lie in \[0, 1\), got 1.0"),
+    (dict(d_model=16, dropout=-0.5), r"dropout must lie in \[0, 1\)"),
+    (dict(d_model=16, norm_first=1), "norm_first must be True or False, got int 1"),
+    (dict(d_model=16, norm_first="pre"), "norm_first must be True or False, got str 'pre'"),
+    (dict(d_model=16, norm_first="False"), "norm_first must be True or False, got str 'False'"),
+    (dict(d_model=16, norm_first=None), "norm_first must be True or False, got NoneType"),
 ])
 def test_sublayer_connection_constructor_value_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -278,9 +319,9 @@ def test_sublayer_connection_forward_value_errors(norm_first):
     attn = MultiHeadAttention(16, 4)
     with pytest.raises(ValueError, match="sublayer must be callable .* got Tensor"):
         wrapper(x, x)
-    with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., d_model=16\), got \(2, 5, 8\)"):
+    with pytest.raises(ValueError, match=r"x must be a tensor of shape \(\.\.\., d_model=16\), got float32 tensor of shape \(2, 5, 8\)"):
         wrapper(torch.randn(2, 5, 8), torch.relu)
-    with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., d_model=16\), got list"):
+    with pytest.raises(ValueError, match=r"x must be a tensor of shape \(\.\.\., d_model=16\), got list"):
         wrapper([1.0], torch.relu)
     with pytest.raises(ValueError, match=r"shaped like its input \(2, 5, 16\), got tuple .*\[0\]"):
         wrapper(x, lambda y: attn(y, y, y))

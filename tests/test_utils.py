@@ -9,7 +9,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from transformer_lib.utils import get_device, plot_attention, plot_attention_heads, seed_everything  # noqa: E402
+from transformer_lib.utils import plot_attention, plot_attention_heads, seed_everything  # noqa: E402
 
 
 def test_seed_everything_repeats_every_generator():
@@ -20,10 +20,6 @@ def test_seed_everything_repeats_every_generator():
     seed_everything(123)
     second = (random.random(), np.random.rand(), torch.rand(3))
     assert first[0] == second[0] and first[1] == second[1] and torch.equal(first[2], second[2])
-
-
-def test_get_device_follows_cuda_availability():
-    assert get_device().type == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def test_plot_attention_draws_the_weights_with_labels():
@@ -48,3 +44,16 @@ def test_plot_attention_heads_one_panel_per_head():
 def test_plots_reject_wrong_shapes(fn, shape):
     with pytest.raises(ValueError, match="weights must be"):
         fn(torch.rand(*shape))
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: seed_everything(True), "seed must be an int >= 0, got bool True"),
+    (lambda: seed_everything("0"), "seed must be an int >= 0, got str"),
+    (lambda: seed_everything(1.5), "seed must be an int >= 0, got float"),
+    (lambda: seed_everything(-1), "seed must be an int >= 0, got -1"),
+    (lambda: plot_attention_heads(torch.rand(2, 3, 3), ncols=0), "ncols must be an int >= 1, got 0"),
+])
+def test_bad_arguments_raise_value_errors_naming_them(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+    plt.close("all")

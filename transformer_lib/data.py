@@ -5,24 +5,35 @@ __all__ = ['PAD', 'BOS', 'EOS', 'UNK', 'number_pairs', 'split_numbers', 'CharTok
            'LengthGroupedSampler']
 
 # %% ../chapters/08_training.ipynb #c003
+import numbers
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
-from .attention import causal_mask, padding_mask
+from .attention import padding_mask
+from .validation import check_bool, check_int, describe
 
 # %% ../chapters/08_training.ipynb #c008
 def number_pairs(numbers, src_lang: str = "en", tgt_lang: str = "de") -> list:
     """[(source text, target text), ...]: each integer written out in words by num2words.
 
     No download, no randomness: the same numbers always give the same pairs."""
-    from num2words import num2words   # imported here: the library itself needs only torch and numpy
+    from num2words import CONVERTER_CLASSES, num2words   # imported here: the library needs only torch and numpy
 
+    for name, lang in (("src_lang", src_lang), ("tgt_lang", tgt_lang)):
+        if not isinstance(lang, str) or (lang not in CONVERTER_CLASSES and lang[:2] not in CONVERTER_CLASSES):
+            some = ", ".join(repr(c) for c in ("en", "de", "fr", "es", "it", "nl", "pl", "ru", "ja")
+                             if c in CONVERTER_CLASSES)
+            raise ValueError(f"{name} must be a language code num2words supports, e.g. {some} (all "
+                             f"{len(CONVERTER_CLASSES)}: sorted(num2words.CONVERTER_CLASSES)), got {describe(lang)}")
+    if isinstance(numbers, (int, str)):
+        raise ValueError(f"numbers must be a list of non-negative ints (for one number pass [n]), "
+                         f"got {describe(numbers)}")
     pairs = []
-    for n in numbers:
+    for i, n in enumerate(numbers):
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"numbers must hold non-negative ints, got {n!r}")
+            raise ValueError(f"numbers must hold non-negative ints, got {describe(n)} at index {i}")
         pairs.append((num2words(n, lang=src_lang), num2words(n, lang=tgt_lang)))
     return pairs
 
@@ -30,10 +41,13 @@ def number_pairs(numbers, src_lang: str = "en", tgt_lang: str = "de") -> list:
 def split_numbers(n_max: int, n_valid: int, n_test: int, seed: int = 0):
     """Shuffle 0..n_max-1 with a seeded generator and cut it into three disjoint sorted lists
     (train, valid, test) of sizes n_max - n_valid - n_test, n_valid and n_test."""
-    if not (isinstance(n_max, int) and isinstance(n_valid, int) and isinstance(n_test, int)) \
-            or n_valid < 0 or n_test < 0 or n_valid + n_test >= n_max:
-        raise ValueError(f"need ints with 0 <= n_valid, 0 <= n_test and n_valid + n_test < n_max, "
-                         f"got n_max={n_max!r}, n_valid={n_valid!r}, n_test={n_test!r}")
+    check_int("n_max", n_max, 1)
+    check_int("n_valid", n_valid, 0)
+    check_int("n_test", n_test, 0)
+    check_int("seed", seed, 0)
+    if n_valid + n_test >= n_max:
+        raise ValueError(f"n_valid + n_test must be < n_max (some numbers must be left for training), got "
+                         f"n_max={n_max}, n_valid={n_valid}, n_test={n_test}")
     order = torch.randperm(n_max, generator=torch.Generator().manual_seed(seed)).tolist()
     test, valid, train = order[:n_test], order[n_test:n_test + n_valid], order[n_test + n_valid:]
     return sorted(train), sorted(valid), sorted(test)
@@ -58,11 +72,13 @@ class CharTokenizer:
             raise ValueError(f"chars must be single characters, got {bad[:5]}")
         self.itos = list(self.specials) + chars           # id -> token
         self.stoi = {c: i for i, c in enumerate(chars, start=len(self.specials))}   # character -> id
-        self.use_unk = use_unk
+        self.use_unk = check_bool("use_unk", use_unk)
 
     @classmethod
     def from_texts(cls, texts, use_unk: bool = False) -> "CharTokenizer":
         """The vocabulary of every character that occurs in texts."""
+        if isinstance(texts, str):
+            raise ValueError(f"texts must be a list of strings; for one text pass [text], got {describe(texts)}")
         return cls({ch for text in texts for ch in text}, use_unk=use_unk)
 
     @property
@@ -74,22 +90,33 @@ class CharTokenizer:
 
     def encode(self, text: str, bos: bool = False, eos: bool = False) -> list:
         """text -> list of ids, optionally framed by BOS and EOS."""
-        ids = [self.bos_id] if bos else []
+        if not isinstance(text, str):
+            raise ValueError(f"text must be a str, got {describe(text)}")
+        ids = [self.bos_id] if check_bool("bos", bos) else []
         for i, ch in enumerate(text):
             if ch in self.stoi:
                 ids.append(self.stoi[ch])
             elif self.use_unk:
                 ids.append(self.unk_id)
             else:
-                raise ValueError(f"cannot encode {text!r}: character {ch!r} at position {i} is not in the "
+                raise ValueError(f"text {text!r}: character {ch!r} at position {i} is not in the "
                                  f"vocabulary ({len(self.chars)} characters); use_unk=True maps it to {UNK}")
-        return ids + [self.eos_id] if eos else ids
+        return ids + [self.eos_id] if check_bool("eos", eos) else ids
 
     def decode(self, ids) -> str:
-        """ids (list or 1-D tensor) -> text. Stops at the first EOS; skips PAD and BOS."""
-        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        """ids (a list of ints or a 1-D integer tensor) -> text. Stops at the first EOS; skips PAD and BOS.
+        One sequence at a time: for a batch (B, L), decode each row."""
+        expected = "a list of int ids or a 1-D integer tensor (decode one row of a batch at a time)"
+        if isinstance(ids, torch.Tensor):
+            if ids.dim() != 1 or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+                raise ValueError(f"ids must be {expected}, got {describe(ids)}")
+            ids = ids.tolist()
+        elif isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+            raise ValueError(f"ids must be {expected}, got {describe(ids)}")
         out = []
         for i in ids:
+            if isinstance(i, bool) or not isinstance(i, numbers.Integral):
+                raise ValueError(f"ids must be {expected}, got an element {describe(i)}")
             if not 0 <= i < len(self.itos):
                 raise ValueError(f"ids must lie in [0, {len(self.itos) - 1}], got {i}")
             if i == self.eos_id:
@@ -103,7 +130,12 @@ class TranslationDataset(torch.utils.data.Dataset):
     """Pairs of texts as id tensors: source = text + EOS, target = BOS + text + EOS."""
 
     def __init__(self, pairs, tokenizer: CharTokenizer):
+        if not isinstance(tokenizer, CharTokenizer):
+            raise ValueError(f"tokenizer must be a CharTokenizer, got {describe(tokenizer)}")
         self.pairs = list(pairs)
+        for i, pair in enumerate(self.pairs):
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise ValueError(f"pairs must hold (source text, target text) pairs, got {describe(pair)} at index {i}")
         self.src = [torch.tensor(tokenizer.encode(s, eos=True)) for s, _ in self.pairs]
         self.tgt = [torch.tensor(tokenizer.encode(t, bos=True, eos=True)) for _, t in self.pairs]
 
@@ -121,20 +153,34 @@ class Batch:
     tgt_in: torch.Tensor     # (B, T)  decoder input: BOS y_1 ... y_{T-1}  (target shifted right)
     tgt_out: torch.Tensor    # (B, T)  what each position must predict: y_1 ... y_T (EOS, then PAD)
     src_mask: torch.Tensor   # (B, 1, 1, S) bool, True = real source token
-    tgt_mask: torch.Tensor   # (B, 1, T, T) bool, True = may attend (causal and not padding)
+    tgt_mask: torch.Tensor   # (B, 1, 1, T) bool, True = real target token (the decoder adds the causal mask)
 
     def to(self, device) -> "Batch":
         return Batch(*(t.to(device) for t in (self.src, self.tgt_in, self.tgt_out, self.src_mask, self.tgt_mask)))
 
 
 def collate(examples, pad_id: int = 0) -> Batch:
-    """[(src ids, tgt ids), ...] -> Batch: pad to the longest sequence, shift the target, build the masks."""
+    """[(src ids, tgt ids), ...] -> Batch: pad to the longest sequence, shift the target, build the padding
+    masks. Each example is a pair of 1-D integer tensors; the target holds at least BOS and EOS."""
+    check_int("pad_id", pad_id, 0)
+    examples = list(examples)
+    if not examples:
+        raise ValueError("examples must hold at least one (src ids, tgt ids) pair, got an empty list")
+    for i, ex in enumerate(examples):
+        ok = isinstance(ex, (tuple, list)) and len(ex) == 2 and all(
+            isinstance(t, torch.Tensor) and t.dim() == 1 and not t.is_floating_point() and t.dtype != torch.bool
+            for t in ex)
+        if not ok or len(ex[1]) < 2:
+            got = describe(ex) if not isinstance(ex, (tuple, list)) else \
+                f"({', '.join(describe(t) for t in ex)})"
+            raise ValueError(f"examples must hold (src ids, tgt ids) pairs of 1-D integer tensors, the target "
+                             f"with at least 2 ids (BOS ... EOS), got {got} at index {i}")
     srcs, tgts = zip(*examples, strict=True)
     src = nn.utils.rnn.pad_sequence(srcs, batch_first=True, padding_value=pad_id)    # (B, S)
     tgt = nn.utils.rnn.pad_sequence(tgts, batch_first=True, padding_value=pad_id)    # (B, T + 1)
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]                                        # (B, T) each
     src_mask = padding_mask(src, pad_id)                                             # (B, 1, 1, S)
-    tgt_mask = padding_mask(tgt_in, pad_id) & causal_mask(tgt_in.size(1), device=tgt.device)  # (B, 1, T, T)
+    tgt_mask = padding_mask(tgt_in, pad_id)                                          # (B, 1, 1, T)
     return Batch(src, tgt_in, tgt_out, src_mask, tgt_mask)
 
 # %% ../chapters/08_training.ipynb #c021
@@ -145,9 +191,8 @@ class LengthGroupedSampler(torch.utils.data.Sampler):
     Seeded: epoch e uses seed + e."""
 
     def __init__(self, lengths, batch_size: int, shuffle: bool = True, seed: int = 0):
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        self.lengths, self.batch_size, self.shuffle, self.seed = list(lengths), batch_size, shuffle, seed
+        self.lengths, self.batch_size = list(lengths), check_int("batch_size", batch_size, 1)
+        self.shuffle, self.seed = check_bool("shuffle", shuffle), check_int("seed", seed, 0)
         self.epoch = 0
 
     def __len__(self) -> int:

@@ -2,10 +2,11 @@
 
 # %% auto #0
 __all__ = ['LabelSmoothingLoss', 'smoothed_targets', 'noam_lr', 'make_optimizer', 'noam_scheduler', 'warmup_linear_scheduler',
-           'evaluate_loss', 'train', 'save_checkpoint', 'load_checkpoint', 'check_label_smoothing']
+           'evaluate_loss', 'train', 'save_checkpoint', 'load_checkpoint']
 
 # %% ../chapters/08_training.ipynb #c004
 import dataclasses
+import math
 import time
 
 import torch
@@ -13,62 +14,91 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .model import Transformer, TransformerConfig
+from .validation import check_bool, check_float, check_int, check_tensor, describe
 
 # %% ../chapters/08_training.ipynb #c028
 class LabelSmoothingLoss(nn.Module):
-    """Cross-entropy against the smoothed target q = (1 - eps) * onehot(y) + eps / V, averaged over the
-    positions whose target is not pad_id. Equals nn.CrossEntropyLoss(label_smoothing=eps, ignore_index=pad_id).
+    """Cross-entropy against the smoothed target q = (1 - label_smoothing) * onehot(y) + label_smoothing / V,
+    averaged over the positions whose target is not pad_id. Equals
+    nn.CrossEntropyLoss(label_smoothing=label_smoothing, ignore_index=pad_id), except that a batch without a
+    single real target gives 0 (nothing to learn), not nan.
 
-    logits (..., V) raw scores; target (...) ids with the same leading shape. Returns a scalar."""
+    logits (..., V) raw scores; target (...) ids in [0, V) (or pad_id) with the same leading shape. -> scalar."""
 
-    def __init__(self, eps: float = 0.1, pad_id: int = 0):
+    def __init__(self, label_smoothing: float = 0.1, pad_id: int = 0):
         super().__init__()
-        if not 0.0 <= eps <= 1.0:
-            raise ValueError(f"eps must lie in [0, 1], got {eps!r}")
-        self.eps, self.pad_id = eps, pad_id
+        self.label_smoothing = check_float("label_smoothing", label_smoothing, 0.0, 1.0)
+        self.pad_id = check_int("pad_id", pad_id, 0)
 
     def forward(self, logits, target):
-        if logits.shape[:-1] != target.shape:
+        check_tensor("logits", logits, floating=True, shape_text="(..., V)")
+        check_tensor("target", target, floating=False, shape_text="(...)")
+        if logits.dim() == 0 or logits.shape[:-1] != target.shape:
             raise ValueError(f"logits (..., V) and target (...) must share their leading shape, got logits "
                              f"{tuple(logits.shape)} and target {tuple(target.shape)}")
-        V = logits.size(-1)
-        logp = F.log_softmax(logits.reshape(-1, V), dim=-1)      # (N, V) log-probabilities
+        V, eps = logits.size(-1), self.label_smoothing
         target = target.reshape(-1)                              # (N,)
         keep = target != self.pad_id                             # padding positions carry no loss
-        logp, target = logp[keep], target[keep]
+        target = target[keep]
+        if target.numel() and not ((target >= 0) & (target < V)).all():
+            raise ValueError(f"target holds ids outside [0, {V - 1}] (V = logits.size(-1) = {V}) other than "
+                             f"pad_id={self.pad_id}: from {int(target.min())} to {int(target.max())}")
+        logp = F.log_softmax(logits.reshape(-1, V)[keep], dim=-1)   # (N_real, V) log-probabilities
         nll = -logp.gather(1, target[:, None]).squeeze(1)        # -log p(y): cross-entropy with the one-hot
         uniform = -logp.mean(dim=-1)                             # -(1/V) sum_k log p(k): ... with the uniform
-        return ((1 - self.eps) * nll + self.eps * uniform).mean()
+        per_token = (1 - eps) * nll + eps * uniform              # (N_real,)
+        return per_token.mean() if per_token.numel() else per_token.sum()    # no real target: 0, not nan
 
 
-def smoothed_targets(target, vocab_size: int, eps: float = 0.1):
+def smoothed_targets(target, vocab_size: int, label_smoothing: float = 0.1):
     """The distribution q the loss compares against: target (N,) ids -> (N, V) rows that sum to 1."""
-    q = torch.full((target.numel(), vocab_size), eps / vocab_size, dtype=torch.float64)
-    q[torch.arange(target.numel()), target.reshape(-1)] += 1 - eps
+    check_int("vocab_size", vocab_size, 1)
+    check_float("label_smoothing", label_smoothing, 0.0, 1.0)
+    check_tensor("target", target, floating=False, shape_text="(N,) of token ids")
+    if target.numel() and not ((target >= 0) & (target < vocab_size)).all():
+        raise ValueError(f"target holds ids from {int(target.min())} to {int(target.max())}, outside "
+                         f"[0, {vocab_size - 1}] (vocab_size={vocab_size})")
+    q = torch.full((target.numel(), vocab_size), label_smoothing / vocab_size, dtype=torch.float64)
+    q[torch.arange(target.numel()), target.reshape(-1)] += 1 - label_smoothing
     return q
 
 # %% ../chapters/08_training.ipynb #c034
 def noam_lr(step: int, d_model: int, warmup: int = 4000) -> float:
     """The learning rate of Section 5.3: d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), step >= 1."""
-    if step < 1:
-        raise ValueError(f"step counts from 1, got {step!r}")
+    check_int("step", step, 1)                   # the paper counts steps from 1
+    check_int("d_model", d_model, 1)
+    check_int("warmup", warmup, 1)
     return d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
 
 
 def make_optimizer(model: nn.Module, lr: float = 1.0) -> torch.optim.Adam:
     """Adam with the paper's beta1 = 0.9, beta2 = 0.98, eps = 1e-9 (Section 5.3)."""
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be an nn.Module, got {describe(model)}")
+    check_float("lr", lr, 0.0, math.inf, low_open=True, high_open=True)
     return torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-9)
+
+
+def _check_optimizer(optimizer) -> None:
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {describe(optimizer)}")
 
 
 def noam_scheduler(optimizer, d_model: int, warmup: int = 4000):
     """LambdaLR multiplies the optimizer's lr by noam_lr(step): create the optimizer with lr=1.0."""
+    _check_optimizer(optimizer)
+    noam_lr(1, d_model, warmup)                  # checks d_model and warmup now, not at the first step
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: noam_lr(i + 1, d_model, warmup))  # i from 0
 
 
 def warmup_linear_scheduler(optimizer, total_steps: int, warmup_steps: int):
     """lr rises linearly to the optimizer's lr over warmup_steps, then falls linearly to 0 at total_steps."""
-    if not 0 < warmup_steps < total_steps:
-        raise ValueError(f"need 0 < warmup_steps < total_steps, got {warmup_steps} and {total_steps}")
+    _check_optimizer(optimizer)
+    check_int("total_steps", total_steps, 2)
+    check_int("warmup_steps", warmup_steps, 1)
+    if warmup_steps >= total_steps:
+        raise ValueError(f"warmup_steps must be < total_steps, got warmup_steps={warmup_steps} and "
+                         f"total_steps={total_steps}")
 
     def factor(i):                     # i = number of optimizer steps taken so far
         step = i + 1
@@ -78,20 +108,30 @@ def warmup_linear_scheduler(optimizer, total_steps: int, warmup_steps: int):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 # %% ../chapters/08_training.ipynb #c039
+def _mean_loss(model, loader, loss_fn, device, name: str) -> float:
+    total, count, batches = 0.0, 0, 0
+    for batch in loader:
+        batches += 1
+        b = batch.to(device)
+        n = int((b.tgt_out != loss_fn.pad_id).sum())
+        total += loss_fn(model(b.src, b.tgt_in, b.src_mask, b.tgt_mask), b.tgt_out).item() * n
+        count += n
+    if count == 0:
+        raise ValueError(f"{name} must yield at least one batch with a target token that is not padding, "
+                         f"got {'no batch' if batches == 0 else 'only padding'}")
+    return total / count
+
+
 @torch.no_grad()
 def evaluate_loss(model, loader, loss_fn, device=None) -> float:
     """Mean loss per target token (padding excluded) over every batch of loader."""
     device = device or next(model.parameters()).device
     was_training = model.training
     model.eval()
-    total, count = 0.0, 0
-    for batch in loader:
-        b = batch.to(device)
-        n = int((b.tgt_out != loss_fn.pad_id).sum())
-        total += loss_fn(model(b.src, b.tgt_in, b.src_mask, b.tgt_mask), b.tgt_out).item() * n
-        count += n
-    model.train(was_training)
-    return total / count
+    try:
+        return _mean_loss(model, loader, loss_fn, device, "loader")
+    finally:
+        model.train(was_training)
 
 
 def train(model, loader, loss_fn, optimizer, scheduler, steps: int, device=None, valid_loader=None,
@@ -101,17 +141,23 @@ def train(model, loader, loss_fn, optimizer, scheduler, steps: int, device=None,
     Returns a history: the training loss of every step and the validation loss every eval_every steps."""
     from tqdm import tqdm   # imported here: the library itself needs only torch and numpy
 
+    check_int("steps", steps, 1)
+    check_int("eval_every", eval_every, 1)
+    check_bool("progress", progress)
+    if valid_loader is not None and hasattr(valid_loader, "__len__") and len(valid_loader) == 0:
+        raise ValueError("valid_loader must yield at least one batch, got an empty loader (or pass valid_loader=None)")
     device = device or next(model.parameters()).device
     history = {"train_loss": [], "valid_step": [], "valid_loss": [], "seconds": 0.0}
     batches, start, smooth = iter(loader), time.perf_counter(), None
     model.train()
     bar = tqdm(range(1, steps + 1), disable=not progress, mininterval=2.0)
     for step in bar:
-        try:
-            batch = next(batches)
-        except StopIteration:                                  # one epoch done: start the next
+        batch = next(batches, None)
+        if batch is None:                                      # one epoch done: start the next
             batches = iter(loader)
-            batch = next(batches)
+            batch = next(batches, None)
+            if batch is None:
+                raise ValueError("loader must yield at least one batch, got an empty loader")
         b = batch.to(device)
         logits = model(b.src, b.tgt_in, b.src_mask, b.tgt_mask)   # (B, T, V): all T positions at once
         loss = loss_fn(logits, b.tgt_out)
@@ -124,7 +170,10 @@ def train(model, loader, loss_fn, optimizer, scheduler, steps: int, device=None,
         bar.set_postfix(loss=f"{smooth:.3f}", lr=f"{scheduler.get_last_lr()[0]:.1e}", refresh=False)
         if valid_loader is not None and (step % eval_every == 0 or step == steps):
             history["valid_step"].append(step)
-            history["valid_loss"].append(evaluate_loss(model, valid_loader, loss_fn, device))
+            model.eval()
+            with torch.no_grad():
+                history["valid_loss"].append(_mean_loss(model, valid_loader, loss_fn, device, "valid_loader"))
+            model.train()
     model.eval()
     history["seconds"] = time.perf_counter() - start
     return history
@@ -132,56 +181,19 @@ def train(model, loader, loss_fn, optimizer, scheduler, steps: int, device=None,
 # %% ../chapters/08_training.ipynb #c044
 def save_checkpoint(path, model: Transformer, **extra) -> None:
     """Save the configuration, the state_dict and any extra plain data (lists, numbers, strings)."""
+    if not isinstance(model, Transformer):
+        raise ValueError(f"model must be a Transformer (its config is saved with the weights), got {describe(model)}")
     torch.save({"config": dataclasses.asdict(model.config), "state_dict": model.state_dict(), **extra}, path)
 
 
 def load_checkpoint(path, map_location="cpu"):
     """-> (model in eval mode, checkpoint dict). weights_only=True: tensors and plain data only, no pickled code."""
     checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    for key in ("config", "state_dict"):
+        if not isinstance(checkpoint, dict) or key not in checkpoint:
+            raise ValueError(f"the checkpoint {str(path)!r} has no {key!r} entry (it holds "
+                             f"{sorted(checkpoint) if isinstance(checkpoint, dict) else describe(checkpoint)}); "
+                             f"save_checkpoint writes 'config' and 'state_dict'")
     model = Transformer(TransformerConfig(**checkpoint["config"]))
     model.load_state_dict(checkpoint["state_dict"])
     return model.eval(), checkpoint
-
-# %% ../chapters/08_training.ipynb #c078
-def check_label_smoothing(fn, trials: int = 20) -> None:
-    """Test fn(logits (B, T, V), target (B, T), eps, pad_id) -> scalar against nn.CrossEntropyLoss on random
-    inputs (float64). Raises AssertionError that says what differs."""
-    gen = torch.Generator().manual_seed(0)
-    for trial in range(trials):
-        B, T, V = (int(torch.randint(lo, hi, (1,), generator=gen)) for lo, hi in ((1, 5), (1, 7), (3, 12)))
-        eps, pad_id = (0.1, 0.25, 0.0, 0.5)[trial % 4], trial % 3
-        logits = 3 * torch.randn(B, T, V, generator=gen, dtype=torch.float64)
-        target = torch.randint(0, V, (B, T), generator=gen)
-        target[0, 0] = (pad_id + 1) % V                        # at least one real token ...
-        target[-1, -1] = pad_id if T > 1 else target[-1, -1]   # ... and, where possible, one padding token
-        got = fn(logits, target, eps, pad_id)
-        if not isinstance(got, torch.Tensor) or got.numel() != 1:
-            raise AssertionError(f"expected a scalar tensor, got {type(got).__name__} "
-                                 f"{tuple(got.shape) if isinstance(got, torch.Tensor) else got!r}")
-        got = float(got)
-        want = float(nn.CrossEntropyLoss(label_smoothing=eps, ignore_index=pad_id)(logits.reshape(-1, V),
-                                                                                    target.reshape(-1)))
-        if abs(got - want) <= 1e-9 * max(1.0, abs(want)):
-            continue
-        flat_logits, flat_target = logits.reshape(-1, V), target.reshape(-1)
-        hints = {
-            "the smoothing is missing (this is the plain cross-entropy)":
-                nn.CrossEntropyLoss(ignore_index=pad_id)(flat_logits, flat_target),
-            "padding positions are not ignored (average over target != pad_id only)":
-                nn.CrossEntropyLoss(label_smoothing=eps)(flat_logits, flat_target),
-            "the smoothing mass goes to the V - 1 wrong classes only; spread eps / V over all V classes":
-                _other_classes_variant(flat_logits, flat_target, eps, pad_id),
-        }
-        hint = next((h for h, v in hints.items() if abs(float(v) - got) <= 1e-9 * max(1.0, abs(got))), "")
-        raise AssertionError(f"B={B}, T={T}, V={V}, eps={eps}, pad_id={pad_id}: expected {want:.6f}, got "
-                             f"{got:.6f}" + (f"; {hint}" if hint else ""))
-    print(f"check_label_smoothing: matches nn.CrossEntropyLoss(label_smoothing=eps, ignore_index=pad_id) "
-          f"on {trials} random batches")
-
-
-def _other_classes_variant(logits, target, eps, pad_id):
-    V = logits.size(-1)
-    q = torch.full_like(logits, eps / (V - 1))
-    q[torch.arange(len(target)), target] = 1 - eps
-    loss = -(q * F.log_softmax(logits, -1)).sum(-1)
-    return loss[target != pad_id].mean()

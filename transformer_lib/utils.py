@@ -9,9 +9,12 @@ import random
 import numpy as np
 import torch
 
+from .validation import check_int
+
 
 def seed_everything(seed: int = 0) -> None:
     """Seed Python, NumPy and PyTorch (CPU and every GPU) so a chapter runs the same way twice."""
+    check_int("seed", seed, minimum=0)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -52,7 +55,7 @@ def plot_attention_heads(weights, x_labels=None, y_labels=None, titles=None, nco
     if w.dim() != 3:
         raise ValueError(f"weights must be 3-D (h, n_q, n_k), got shape {tuple(w.shape)}")
     h = w.size(0)
-    ncols = min(ncols, h)
+    ncols = min(check_int("ncols", ncols), h)
     nrows = (h + ncols - 1) // ncols
     fig, axes = plt.subplots(nrows, ncols, figsize=(3.2 * ncols, 3.0 * nrows), squeeze=False)
     for i, ax in enumerate(axes.flat):

@@ -2,7 +2,7 @@
 
 # %% auto #0
 __all__ = ['describe', 'check_int', 'check_float', 'check_probability', 'check_bool', 'check_tensor', 'check_same_dtype',
-           'check_token_ids', 'check_mask']
+           'check_token_ids', 'check_rows', 'check_mask']
 
 # %% ../chapters/01_attention.ipynb #c006b
 # One place for the checks every public entry point repeats. Each raises a ValueError whose message names
@@ -90,22 +90,40 @@ def check_token_ids(name: str, tokens, vocab_size: int, dim: int = 2) -> torch.T
     return tokens
 
 
+def check_rows(name: str, index, size: int) -> torch.Tensor:
+    """A 1-D integer tensor of row numbers in [0, size), e.g. the batch rows a beam search keeps."""
+    if not isinstance(index, torch.Tensor) or index.dim() != 1 or index.is_floating_point() \
+            or index.is_complex() or index.dtype == torch.bool:
+        raise ValueError(f"{name} must be a 1-D integer tensor of batch rows, got {describe(index)}")
+    if index.numel() and not 0 <= int(index.min()) <= int(index.max()) < size:
+        raise ValueError(f"{name} must hold batch rows in [0, {size}), got values from {int(index.min())} "
+                         f"to {int(index.max())}")
+    return index
+
+
 def check_mask(name: str, mask, scores_shape, scores_text: str = "(B, h, n_q, n_k)") -> torch.Tensor:
     """A bool mask (True = may attend) with the rank of the attention scores, each axis equal to the scores'
-    or 1. Same rank, not just broadcastable: a (B, S) padding mask must never be read as an (n_q, n_k) one."""
+    or 1, and the key axis n_k exactly. Same rank, not just broadcastable: a (B, S) padding mask must never be read as an (n_q, n_k) one."""
     scores_shape = tuple(scores_shape)
     if not isinstance(mask, torch.Tensor):
         raise ValueError(f"{name} must be a bool tensor (True = may attend), got {describe(mask)}")
     if mask.dtype != torch.bool:
         raise ValueError(f"{name} must be a bool tensor (True = may attend), got {describe(mask)}; a 0/1 or "
                         f"additive float mask is not accepted: use {name}.bool() or ({name} == 0)")
-    fits = mask.dim() == len(scores_shape) and all(m in (1, s) for m, s in zip(mask.shape, scores_shape, strict=True))
+    fits = (mask.dim() == len(scores_shape) and mask.size(-1) == scores_shape[-1]      # every key has its column
+            and all(m in (1, s) for m, s in zip(mask.shape, scores_shape, strict=True)))
     if not fits:
-        hint = ""
-        if mask.dim() == 2 and len(scores_shape) == 4:
+        hint, rank = "", len(scores_shape)
+        if mask.dim() == 2 and rank == 4:
             hint = ("; build a padding mask with padding_mask(tokens, pad_id) -> (B, 1, 1, S), "
                     "and give an (n_q, n_k) mask its batch and head axes: mask[None, None]")
+        elif mask.dim() == 3 and rank == 4:
+            hint = "; give a (B, n_q, n_k) mask its head axis: mask[:, None]"
+        elif mask.dim() == 2 and rank == 3:
+            hint = ("; an (n_q, n_k) mask shared by the batch is mask[None], and a (B, S) padding mask "
+                    "is mask[:, None, :]")
         raise ValueError(f"{name} of shape {tuple(mask.shape)} does not fit the attention scores {scores_text} = "
-                         f"{scores_shape}: it needs {len(scores_shape)} axes, each of the scores' size or 1{hint}")
+                         f"{scores_shape}: it needs {len(scores_shape)} axes, each of the scores' size or 1, and n_k = {scores_shape[-1]} "
+                         f"key columns{hint}")
     return mask
 
