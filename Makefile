@@ -11,12 +11,13 @@ NBVAL      := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg
 JOBS       ?= 2
 TIMED      := tools/timed
 
-.PHONY: help venv export sync-check lint test-lib test-notebooks test-notebooks-other-cpu book book-stored test-browser test test-gpu clean
+.PHONY: help venv export sync-check lint test-lib test-notebooks test-notebooks-other-cpu book book-stored test-browser test test-gpu bench clean
 
 help:
 	@echo "make book   execute every chapter and build the HTML book into _build/html/ (open _build/html/index.html)"
 	@echo "make test   sync check, lint, library tests, nbval on every chapter, strict book build, browser check"
 	@echo "make export re-export transformer_lib/ from the chapters' #| export cells"
+	@echo "make bench  the book's performance as ratios measured in one run (prints a table, writes _build/bench.json)"
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,7 +38,7 @@ sync-check: venv
 	$(BIN)/python tools/setup_cell.py
 
 lint: venv
-	$(BIN)/ruff check transformer_lib tests tools benchmarks
+	$(BIN)/ruff check transformer_lib tests tools benchmarks _ext
 
 test-lib: venv
 	$(BIN)/pytest tests -n $(JOBS) --ignore=tests/test_browser.py
@@ -64,7 +65,8 @@ book: venv
 # it saves executing every chapter a second time.
 book-stored: venv
 	mkdir -p _build
-	sed 's/^  execute_notebooks: force.*/  execute_notebooks: "off"/' _config.yml > _build/_config.stored.yml
+	sed -e 's/^  execute_notebooks: force.*/  execute_notebooks: "off"/' \
+	    -e 's|^\(    strip_markers: \)_ext$$|\1../_ext|' _config.yml > _build/_config.stored.yml
 	$(BIN)/jupyter-book build --all -W -n --keep-going --config _build/_config.stored.yml .
 
 test-browser: venv
@@ -86,6 +88,11 @@ test: venv
 test-gpu: venv
 	$(BIN)/pytest --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg chapters
 	$(BIN)/pytest tests --ignore=tests/test_browser.py
+
+# Not part of `make test`: ratios measured in one run (ours vs nn.Transformer, KV cache, explicit vs fused
+# attention; tokens/s and MFU on a GPU). Timings depend on the machine and its load; the ratios are the result.
+bench: venv
+	$(BIN)/python benchmarks/bench.py --json _build/bench.json
 
 clean:
 	rm -rf _build

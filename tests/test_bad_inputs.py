@@ -656,6 +656,11 @@ PLAIN_CASES = [
     ("plot_attention/3d", lambda: utl.plot_attention(torch.rand(2, 3, 3)), err("weights", "2-D|n_q, n_k")),
     ("plot_attention_heads/2d", lambda: utl.plot_attention_heads(torch.rand(3, 3)), err("weights", "3-D|h, n_q, n_k")),
     ("plot_attention_heads/ncols=0", lambda: utl.plot_attention_heads(torch.rand(2, 3, 3), ncols=0), err("ncols", INT)),
+    ("plot_attention/vmax=0", lambda: utl.plot_attention(torch.rand(2, 3), vmax=0), err("vmax", "lie in")),
+    ("plot_attention_heads/vmax=-1", lambda: utl.plot_attention_heads(torch.rand(2, 3, 3), vmax=-1.0), err("vmax", "lie in")),
+    ("plot_architecture/bad-name", lambda: utl.plot_architecture("attn"), err("highlight", "attention, multi-head")),
+    ("plot_architecture/scale=0", lambda: utl.plot_architecture(scale=0), err("scale", "lie in")),
+    ("plot_architecture/shapes=1", lambda: utl.plot_architecture(shapes=1), err("shapes", "True or False")),
 
     # --- feed_forward
     ("PFF/d_model=0", lambda: ffn.PositionwiseFeedForward(0, FF), err("d_model", INT)),

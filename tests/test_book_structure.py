@@ -90,3 +90,30 @@ def test_nbval_markers_are_spelled_so_nbval_sees_them(path):
         for line in c.source.splitlines():
             if line.lstrip().startswith("#") and "NBVAL" in line:
                 assert line.strip().lstrip("#").strip() in comment_markers, f"not an nbval marker: {line!r}"
+
+
+def test_strip_markers_removes_only_whole_line_markers():
+    """_ext/strip_markers.py (loaded by _config.yml) takes the nbdev/nbval lines out of the rendered code."""
+    local = yaml.safe_load((ROOT / "_config.yml").read_text())["sphinx"]["local_extensions"]
+    assert (ROOT / local["strip_markers"] / "strip_markers.py").is_file(), local
+    sys.path.insert(0, str(ROOT / local["strip_markers"]))
+    from strip_markers import strip_markers
+
+    source = ("#| export utils\n# NBVAL_IGNORE_OUTPUT\n\ndef f(x):\n    # NBVAL_ stays when indented\n"
+              "    return x  # NBVAL_SKIP in a trailing comment stays too\n\n# NBVAL_CHECK_OUTPUT\n")
+    assert strip_markers(source) == ("def f(x):\n    # NBVAL_ stays when indented\n"
+                                     "    return x  # NBVAL_SKIP in a trailing comment stays too")
+    assert strip_markers("#| default_exp attention") == ""                  # the cell then renders as nothing
+    assert strip_markers("#| export\n\nx = 1\n# NBVAL_SKIP\nprint(x)") == "x = 1\nprint(x)"
+    unmarked = "\nx = '#| not a marker'\n\n"
+    assert strip_markers(unmarked) == unmarked                              # no marker: returned unchanged
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_marker_lines_start_at_column_0_so_the_book_strips_them(path):
+    # The book hides `#| ...` and `# NBVAL_...` lines only when they start a line (no indent).
+    for c in nbformat.read(path, as_version=4).cells:
+        if c.cell_type == "code":
+            for line in c.source.splitlines():
+                if line.lstrip().startswith(("#|", "# NBVAL_")):
+                    assert line.startswith(("#|", "# NBVAL_")), f"indented marker, shown in the book: {line!r}"

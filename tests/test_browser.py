@@ -2,7 +2,9 @@
 
 For every chapter page: MathJax (served from the book itself) typeset the math and left no raw TeX, every
 figure decodes, no local (file:) request failed, nothing was fetched from the network, and the Colab
-button points at .../github/<owner>/<repo>/blob/<branch>/chapters/<file>.ipynb.
+button points at .../github/<owner>/<repo>/blob/<branch>/chapters/<file>.ipynb. The code cells show none of the
+toolchain's marker lines (`#| export`, `# NBVAL_...`: _ext/strip_markers.py), and at a 1,400-px window no code
+block scrolls sideways (_static/code-width.css).
 
 Needs `_build/html` (`make book`, or `make book-stored` after nbval), /usr/bin/chromium
 (`apt-get install chromium`) and Playwright. Locally the check is skipped, with the reason, when one of them is
@@ -61,8 +63,8 @@ def browser():
         b.close()
 
 
-def open_page(browser, rel):
-    page = browser.new_page()
+def open_page(browser, rel, viewport=None):
+    page = browser.new_page(viewport=viewport)
     failed, remote = [], []
     page.on("requestfailed", lambda r: failed.append(r.url))
     page.on("request", lambda r: remote.append(r.url) if not r.url.startswith(("file:", "data:", "blob:")) else None)
@@ -99,6 +101,32 @@ def test_chapter_page_renders_offline(browser, chapter):
         expected = (f"https://colab.research.google.com/github/{owner_repo}/blob/"
                     f"{CONFIG['repository']['branch']}/{chapter}.ipynb")
         assert expected in links, f"Colab link {links} != {expected}"
+    finally:
+        page.close()
+
+
+MARKER_LINE = r"^\s*(#\||# NBVAL_)"      # the lines _ext/strip_markers.py removes (no indent there; any here)
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.split("/")[-1])
+def test_code_shows_no_markers_and_fits_the_page(browser, chapter):
+    """The notebooks keep their nbdev/nbval marker lines; the book shows none of them, in the text of any code
+    cell (hidden ones included). At a 1,400-px window no code block (cell input, output, or Markdown code)
+    is wider than its box: with every folded cell opened, no `pre` has scrollWidth > clientWidth + 1."""
+    page, _, _ = open_page(browser, f"{chapter}.html", viewport={"width": 1400, "height": 900})
+    try:
+        assert page.evaluate("() => window.innerWidth") == 1400
+        inputs = page.evaluate("() => [...document.querySelectorAll('article div.cell_input')].map(e => e.textContent)")
+        assert inputs, "no code cells found (did myst-nb's markup change?)"
+        shown = [line.strip() for text in inputs for line in text.splitlines() if re.match(MARKER_LINE, line)]
+        assert shown == [], f"marker lines shown in code cells: {shown[:5]}"
+        page.evaluate("() => document.querySelectorAll('article details').forEach(d => { d.open = true; })")
+        blocks = page.evaluate("""() => [...document.querySelectorAll('article pre')].map(p => ({
+            sw: p.scrollWidth, cw: p.clientWidth, line: p.textContent.split('\\n')
+                .reduce((a, l) => l.length > a.length ? l : a, '').slice(0, 100)}))""")
+        assert all(b["cw"] > 0 for b in blocks), "a code block is still hidden: its width cannot be checked"
+        wide = [f"{b['sw']} > {b['cw']} px: {b['line']}" for b in blocks if b["sw"] > b["cw"] + 1]
+        assert wide == [], f"code blocks that scroll sideways at 1,400 px: {wide[:5]}"
     finally:
         page.close()
 

@@ -26,29 +26,41 @@ def random_affine(norm):
 
 # ---- LayerNorm --------------------------------------------------------------------------------------------
 
+# forward runs F.layer_norm (one fused kernel); formula spells out the steps the chapter teaches. Both are
+# tested against nn.LayerNorm, so the hand-written formula is what is proven, and forward is proven equal to it.
+METHODS = ["formula", "forward"]
+
+
+def apply(norm, method, x):
+    return norm.formula(x) if method == "formula" else norm(x)
+
+
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("shape", [(16,), (7, 16), (3, 7, 16), (2, 3, 7, 16)])
 @pytest.mark.parametrize("eps", [1e-5, 1e-6, 0.1])
-def test_layer_norm_equals_torch(shape, eps):
+def test_layer_norm_equals_torch(shape, eps, method):
     torch.manual_seed(0)
     theirs = random_affine(nn.LayerNorm(16, eps=eps, **F64))
     ours = LayerNorm(16, eps=eps).to(**F64)
     ours.load_state_dict(theirs.state_dict())
     x = 3 + 5 * torch.randn(shape, **F64)
-    assert (ours(x) - theirs(x)).abs().max().item() <= TOL
-    assert (ours(x) - F.layer_norm(x, (16,), ours.weight, ours.bias, eps)).abs().max().item() <= TOL
+    assert (apply(ours, method, x) - theirs(x)).abs().max().item() <= TOL
+    assert (ours.formula(x) - ours(x)).abs().max().item() <= TOL
 
 
-def test_layer_norm_tiny_variance_equals_torch():
+@pytest.mark.parametrize("method", METHODS)
+def test_layer_norm_tiny_variance_equals_torch(method):
     """Where eps dominates the variance, its placement inside the square root decides the result."""
     x = 1e-4 * torch.randn(4, 16, **F64) + 2.0
     ours, theirs = LayerNorm(16).to(**F64), nn.LayerNorm(16, **F64)
-    assert (ours(x) - theirs(x)).abs().max().item() <= 1e-10
-    assert ours(x).abs().max() < 0.1                              # eps keeps the output small, not standardised
+    assert (apply(ours, method, x) - theirs(x)).abs().max().item() <= 1e-10
+    assert apply(ours, method, x).abs().max() < 0.1               # eps keeps the output small, not standardised
 
 
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("scale", [1.0, 1000.0])
-def test_layer_norm_half_precision_equals_torch(dtype, scale):
+def test_layer_norm_half_precision_equals_torch(dtype, scale, method):
     """Statistics in float32, as nn.LayerNorm computes them: with |x - mean| > 256, (x - mean)^2 overflows
     float16, and a float16 computation would return beta everywhere."""
     torch.manual_seed(0)
@@ -58,7 +70,7 @@ def test_layer_norm_half_precision_equals_torch(dtype, scale):
     x = (scale * torch.randn(3, 7, 64)).to(dtype)
     if scale > 1:
         assert (x.float() - x.float().mean(-1, keepdim=True)).abs().max() > 256
-    out = ours(x)
+    out = apply(ours, method, x)
     assert out.dtype == dtype and torch.isfinite(out).all()
     ref = theirs(x).float()
     exact = F.layer_norm(x.double(), (64,), theirs.weight.double(), theirs.bias.double())
@@ -73,15 +85,17 @@ def test_layer_norm_float32_and_float64_compute_in_their_own_dtype():
     ours = LayerNorm(16).to(**F64)
     mean = x.mean(-1, keepdim=True)
     formula = (x - mean) / torch.sqrt((x - mean).pow(2).mean(-1, keepdim=True) + 1e-5)
-    assert ours(x).dtype == torch.float64 and torch.equal(ours(x), formula)   # no float32 detour
-    assert LayerNorm(16)(x.float()).dtype == torch.float32
+    assert ours.formula(x).dtype == torch.float64 and torch.equal(ours.formula(x), formula)   # no float32 detour
+    assert ours(x).dtype == torch.float64 and torch.allclose(ours(x), formula, rtol=0, atol=1e-12)
+    assert LayerNorm(16)(x.float()).dtype == torch.float32 and LayerNorm(16).formula(x.float()).dtype == torch.float32
 
 
 def test_layer_norm_empty_batch():
     assert LayerNorm(16)(torch.randn(0, 5, 16)).shape == (0, 5, 16)
 
 
-def test_layer_norm_gradients_equal_torch():
+@pytest.mark.parametrize("method", METHODS)
+def test_layer_norm_gradients_equal_torch(method):
     torch.manual_seed(0)
     theirs = random_affine(nn.LayerNorm(16, **F64))
     ours = LayerNorm(16).to(**F64)
@@ -89,18 +103,19 @@ def test_layer_norm_gradients_equal_torch():
     x1 = torch.randn(3, 7, 16, **F64, requires_grad=True)
     x2 = x1.detach().clone().requires_grad_()
     target = torch.randn(3, 7, 16, **F64)
-    (ours(x1) * target).sum().backward()
+    (apply(ours, method, x1) * target).sum().backward()
     (theirs(x2) * target).sum().backward()
     assert (x1.grad - x2.grad).abs().max().item() <= TOL
     assert (ours.weight.grad - theirs.weight.grad).abs().max().item() <= TOL
     assert (ours.bias.grad - theirs.bias.grad).abs().max().item() <= TOL
 
 
-def test_layer_norm_gradcheck():
+@pytest.mark.parametrize("method", METHODS)
+def test_layer_norm_gradcheck(method):
     torch.manual_seed(0)
     norm = random_affine(LayerNorm(5).to(**F64))
     x = torch.randn(2, 3, 5, **F64, requires_grad=True)
-    assert torch.autograd.gradcheck(norm, (x,))
+    assert torch.autograd.gradcheck(lambda t: apply(norm, method, t), (x,))
 
 
 def test_layer_norm_state_dict_both_ways():

@@ -295,3 +295,21 @@ def test_load_checkpoint_errors(tmp_path):
             load_checkpoint(path)
     with pytest.raises(ValueError, match="^model must be a Transformer"):
         save_checkpoint(tmp_path / "x.pt", nn.Linear(2, 2))
+
+
+def test_train_in_slices_on_one_iterator_equals_one_call():
+    """Chapter 8 trains in slices (to write checkpoints): an iterator continues where the last call stopped."""
+    tok, _, loader = _reverse_task(n=600)
+    runs = []
+    for slices in ((30,), (10, 20)):
+        model = _tiny_model(len(tok))
+        loss_fn = LabelSmoothingLoss(label_smoothing=0.1, pad_id=tok.pad_id)
+        opt = make_optimizer(model, lr=3e-3)
+        sched = warmup_linear_scheduler(opt, 30, 3)
+        batches = iter(_reverse_task(n=600)[2])                  # a fresh sampler each run: the same batches
+        losses = []
+        for steps in slices:
+            losses += train(model, batches, loss_fn, opt, sched, steps, progress=False)["train_loss"]
+        runs.append((losses, [p.detach().clone() for p in model.parameters()]))
+    assert len(loader) >= 30 and runs[0][0] == runs[1][0]
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1], strict=True))

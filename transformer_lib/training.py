@@ -76,7 +76,7 @@ def make_optimizer(model: nn.Module, lr: float = 1.0) -> torch.optim.Adam:
     if not isinstance(model, nn.Module):
         raise ValueError(f"model must be an nn.Module, got {describe(model)}")
     check_float("lr", lr, 0.0, math.inf, low_open=True, high_open=True)
-    return torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-9)
+    return torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-9, foreach=True)
 
 
 def _check_optimizer(optimizer) -> None:
@@ -137,6 +137,9 @@ def evaluate_loss(model, loader, loss_fn, device=None) -> float:
 def train(model, loader, loss_fn, optimizer, scheduler, steps: int, device=None, valid_loader=None,
           eval_every: int = 250, progress: bool = True) -> dict:
     """Take exactly `steps` optimizer steps on batches from loader (epoch after epoch), with a tqdm bar.
+
+    loader: a DataLoader, or any iterable of Batch. An iterator (iter(loader)) is not restarted between calls:
+    train(..., iter_, ..., 100) twice takes the same 200 steps on the same batches as one call with 200.
 
     Returns a history: the training loss of every step and the validation loss every eval_every steps."""
     from tqdm import tqdm   # imported here: the library itself needs only torch and numpy
