@@ -669,6 +669,8 @@ PLAIN_CASES = [
     ("PFF/d_ff=2.5", lambda: ffn.PositionwiseFeedForward(D, 2.5), err("d_ff", INT)),
     ("PFF/dropout=1.0", lambda: ffn.PositionwiseFeedForward(D, FF, dropout=1.0), err("dropout", PROB)),
     ("PFF/dropout=-0.1", lambda: ffn.PositionwiseFeedForward(D, FF, dropout=-0.1), err("dropout", PROB)),
+    ("PFF/activation-unknown", lambda: ffn.PositionwiseFeedForward(D, FF, activation="swish"), err("activation", "relu")),
+    ("PFF/ok-default-activation", lambda: None if default_of(ffn.PositionwiseFeedForward, "activation") == "relu" else pytest.fail("default"), OK),
     ("PFF/ok-default-dropout", lambda: None if default_of(ffn.PositionwiseFeedForward, "dropout") == 0.1 else pytest.fail("default"), OK),
 
     # --- residual

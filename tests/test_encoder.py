@@ -73,6 +73,18 @@ def test_encoder_equals_torch(num_layers, final_norm, norm_first):
                                rtol=0, atol=ATOL)
 
 
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_with_gelu_equals_torch(activation, norm_first):
+    ours = Encoder(2, 32, 4, 64, dropout=0.0, norm_first=norm_first, activation=activation).double()
+    randomize(ours, seed=3)
+    assert all(layer.feed_forward.activation == activation for layer in ours.layers)
+    theirs = encoder_to_torch(ours)
+    x, mask = padded_batch(3, 8, 32, seed=7)
+    torch.testing.assert_close(ours(x, mask), theirs(x, src_key_padding_mask=~mask[:, 0, 0, :]),
+                               rtol=0, atol=ATOL)
+
+
 def test_torch_fast_path_zeroes_padding_but_real_positions_agree():
     ours = randomize(Encoder(2, 16, 2, 32, dropout=0.0).double(), seed=8).eval()
     theirs = encoder_to_torch(ours, enable_nested_tensor=True)

@@ -245,3 +245,30 @@ def test_check_catches_a_2d_only_failure():
 
     with pytest.raises(AssertionError, match=r"on x of shape \(7, 6\) your function raised"):
         check_feed_forward(only_3d)
+
+
+@pytest.mark.parametrize("activation, reference", [
+    ("relu", torch.relu),
+    ("gelu", lambda z: z * 0.5 * (1 + torch.erf(z / 2 ** 0.5))),                          # x Φ(x), exactly
+    ("gelu_tanh", lambda z: 0.5 * z * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (z + 0.044715 * z ** 3)))),
+])
+def test_activation_option_follows_its_formula(activation, reference):
+    ffn = PositionwiseFeedForward(D, D_FF, dropout=0.0, activation=activation).to(**F64)
+    x = torch.randn(3, 7, D, **F64)
+    expected = ffn.linear2(reference(ffn.linear1(x)))
+    assert (ffn(x) - expected).abs().max().item() <= TOL
+    assert ffn.activation == activation
+
+
+def test_gelu_equals_torch_encoder_layer_with_gelu():
+    ffn, ref = torch_pair()
+    ref.activation = F.gelu                      # PyTorch's layer with activation="gelu" calls F.gelu
+    ffn.activation = "gelu"
+    x = torch.randn(3, 7, D, **F64)
+    assert (x + ffn(x) - ref(x)).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("activation", ["swish", "GELU", None, F.gelu])
+def test_unknown_activation_is_rejected(activation):
+    with pytest.raises(ValueError, match="activation must be one of 'relu', 'gelu', 'gelu_tanh'"):
+        PositionwiseFeedForward(D, D_FF, activation=activation)

@@ -6,7 +6,7 @@ __all__ = ['EncoderLayer', 'to_torch_layer', 'encoder_layer_to_torch', 'Encoder'
 # %% ../chapters/06_encoder.ipynb #c003
 import torch.nn as nn
 
-from .feed_forward import PositionwiseFeedForward
+from .feed_forward import ACTIVATIONS, PositionwiseFeedForward
 from .multi_head import MultiHeadAttention, copy_to_torch_mha
 from .residual import LayerNorm, SublayerConnection
 from .validation import check_bool, check_int, check_mask, check_same_dtype, check_tensor
@@ -16,16 +16,18 @@ class EncoderLayer(nn.Module):
     """One encoder layer (section 3.1): x -> LayerNorm(x + SelfAttn(x)) -> LayerNorm(. + FFN(.)).
 
     norm_first=True gives the pre-norm variant: x + SelfAttn(LayerNorm(x)), then . + FFN(LayerNorm(.)).
+    activation: the FFN's nonlinearity, "relu" (the paper), "gelu" or "gelu_tanh" (Chapter 4).
     forward: x (B, S, d_model), src_mask bool (B|1, h|1, S|1, S), True = may attend -> (B, S, d_model).
     With need_weights=True the attention weights (B, h, S, S) are kept in self.self_attn_weights
     (None until such a call).
     """
 
-    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, norm_first: bool = False):
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, norm_first: bool = False,
+                 activation: str = "relu"):
         super().__init__()
         self.d_model = check_int("d_model", d_model)
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout)      # dropout on the weights
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=dropout)  # dropout after the ReLU
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout, activation)  # dropout after it
         self.sublayer1 = SublayerConnection(d_model, dropout, norm_first)            # around self-attention
         self.sublayer2 = SublayerConnection(d_model, dropout, norm_first)            # around the FFN
         self.self_attn_weights = None
@@ -47,13 +49,15 @@ class EncoderLayer(nn.Module):
 
 # %% ../chapters/06_encoder.ipynb #c013
 def to_torch_layer(layer: nn.Module, torch_class: type, attentions: dict) -> nn.Module:
-    """A PyTorch layer of torch_class (nn.TransformerEncoderLayer or nn.TransformerDecoderLayer; batch_first,
-    ReLU) with our layer's sizes, dropout, norm placement and weights. attentions maps our attention modules'
-    names to PyTorch's; the i-th SublayerConnection's LayerNorm goes to norm{i}."""
+    """A PyTorch layer of torch_class (nn.TransformerEncoderLayer or nn.TransformerDecoderLayer; batch_first)
+    with our layer's sizes, activation, dropout, norm placement and weights. attentions maps our attention
+    modules' names to PyTorch's; the i-th SublayerConnection's LayerNorm goes to norm{i}."""
     sublayers = [m for m in layer.children() if isinstance(m, SublayerConnection)]
     w = layer.self_attn.W_q.weight
+    activation = layer.feed_forward.activation          # PyTorch takes "relu" and "gelu" by name
+    activation = activation if activation in ("relu", "gelu") else ACTIVATIONS[activation]
     theirs = torch_class(layer.d_model, layer.self_attn.num_heads, layer.feed_forward.d_ff,
-                         dropout=sublayers[0].dropout.p, activation="relu", layer_norm_eps=sublayers[0].norm.eps,
+                         dropout=sublayers[0].dropout.p, activation=activation, layer_norm_eps=sublayers[0].norm.eps,
                          batch_first=True, norm_first=sublayers[0].norm_first, device=w.device, dtype=w.dtype)
     for ours, their_name in attentions.items():
         copy_to_torch_mha(getattr(layer, ours), getattr(theirs, their_name))     # Chapter 2's weight copy
@@ -65,7 +69,7 @@ def to_torch_layer(layer: nn.Module, torch_class: type, attentions: dict) -> nn.
 
 
 def encoder_layer_to_torch(layer: EncoderLayer) -> nn.TransformerEncoderLayer:
-    """An nn.TransformerEncoderLayer (batch_first, ReLU) with the same weights, dropout, norm placement."""
+    """An nn.TransformerEncoderLayer (batch_first) with the same weights, dropout, norm placement."""
     if not isinstance(layer, EncoderLayer):
         raise ValueError(f"layer must be an EncoderLayer, got {type(layer).__name__}")
     return to_torch_layer(layer, nn.TransformerEncoderLayer, {"self_attn": "self_attn"})
@@ -78,9 +82,9 @@ class Encoder(nn.Module):
     """
 
     def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
-                 norm_first: bool = False, final_norm: bool = True):
+                 norm_first: bool = False, final_norm: bool = True, activation: str = "relu"):
         super().__init__()
-        self.layers = nn.ModuleList(EncoderLayer(d_model, num_heads, d_ff, dropout, norm_first)
+        self.layers = nn.ModuleList(EncoderLayer(d_model, num_heads, d_ff, dropout, norm_first, activation)
                                     for _ in range(check_int("num_layers", num_layers)))
         self.norm = LayerNorm(d_model) if check_bool("final_norm", final_norm) else None
 
