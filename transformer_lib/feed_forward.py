@@ -4,7 +4,6 @@
 __all__ = ['ACTIVATIONS', 'PositionwiseFeedForward']
 
 # %% ../chapters/04_feed_forward.ipynb #c003
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
