@@ -10,6 +10,8 @@ TORCH_SPEC ?= torch==2.13.0
 NBVAL      := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg
 JOBS       ?= 2
 TIMED      := tools/timed
+# Part III builds Hugging Face models from configs only: any attempt to reach the Hub fails instead of downloading.
+export HF_HUB_OFFLINE := 1
 
 .PHONY: help venv export sync-check lint test-lib test-notebooks test-notebooks-other-cpu book book-stored test-browser test test-gpu bench clean
 
