@@ -22,6 +22,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import transformer_lib.attention as att
+import transformer_lib.bert as brt
+import transformer_lib.classifier as clf
 import transformer_lib.data as data
 import transformer_lib.decoder as dec
 import transformer_lib.decoding as dcd
@@ -840,6 +842,41 @@ PLAIN_CASES = [
     ("evaluate_translations/empty", lambda: dcd.evaluate_translations([], []), err("references|hypotheses", "at least one")),
     ("evaluate_translations/length-mismatch", lambda: dcd.evaluate_translations(["a"], ["a", "b"]), err("hypotheses|references", "as many")),
     ("evaluate_translations/bare-str", lambda: dcd.evaluate_translations("ab", ["ab", "cd"]), err("hypotheses", "list")),
+
+    # --- classifier (Chapter 10)
+    ("make_sequences/max_len=33", lambda: clf.make_sequences(1, max_len=33), err("max_len", "32")),
+    ("make_sequences/max_len<min_len", lambda: clf.make_sequences(1, min_len=10, max_len=9), err("max_len", "min_len")),
+    ("make_sequences/n_per_class=0", lambda: clf.make_sequences(0), err("n_per_class", INT)),
+    ("pool/unknown-method", lambda: clf.pool(rand(2, 3, D), bmask(2, 3), "sum"), err("method", "'cls', 'mean', 'max'")),
+    ("pool/keep-not-bool", lambda: clf.pool(rand(2, 3, D), torch.ones(2, 3), "mean"), err("keep", BOOLMASK)),
+    ("pool/keep-wrong-shape", lambda: clf.pool(rand(2, 3, D), bmask(2, 4), "max"), err("keep", "shape")),
+    ("pool/int-hidden", lambda: clf.pool(ids(2, 3, D), bmask(2, 3), "mean"), err("hidden", "floating")),
+    ("pool/ok-empty-row", lambda: [zeros_not_nan(clf.pool(rand(2, 3, D), torch.tensor([[True, False, False], [False] * 3]), m)[1]) for m in ("mean", "max")], OK),
+    ("SequenceClassifier/bad-pooling", lambda: clf.SequenceClassifier(V, 3, d_model=D, num_heads=H, d_ff=FF, pooling="last"), err("pooling", "'cls'")),
+    ("SequenceClassifier/num_classes=1", lambda: clf.SequenceClassifier(V, 1, d_model=D, num_heads=H, d_ff=FF), err("num_classes", INT)),
+    ("SequenceClassifier/positional-str", lambda: clf.SequenceClassifier(V, 2, d_model=D, num_heads=H, d_ff=FF, positional="no"), err("positional", BOOL)),
+    ("SequenceClassifier/tokens-id>=V", lambda: clf.SequenceClassifier(V, 2, d_model=D, num_heads=H, d_ff=FF).eval()(ids(2, 3) + V), err("tokens", VOCAB)),
+    ("random_batches/mismatched-rows", lambda: next(clf.random_batches(ids(4, 3), ids(5))), err("tensors", "first axis")),
+    ("random_batches/batch_size=0", lambda: next(clf.random_batches(ids(4, 3), batch_size=0)), err("batch_size", INT)),
+    ("fit/steps=1", lambda: clf.fit(M("encoder"), clf.classification_loss, iter([]), steps=1, progress=False), err("steps", INT)),
+    ("fit/weight_decay<0", lambda: clf.fit(M("encoder"), clf.classification_loss, iter([]), steps=2, weight_decay=-0.1, progress=False), err("weight_decay", r"\[0")),
+    ("SequenceClassifier/cls_id>=V", lambda: clf.SequenceClassifier(V, 2, d_model=D, num_heads=H, d_ff=FF, cls_id=V), err("cls_id", "vocab_size")),
+    ("predict/batch_size=0", lambda: clf.predict(M("encoder"), ids(2, 3), batch_size=0), err("batch_size", INT)),
+
+    # --- bert (Chapter 10)
+    ("BertConfig/not-divisible", lambda: brt.BertConfig(vocab_size=V, d_model=D, num_heads=3, d_ff=FF), err("num_heads|d_model", "divisible")),
+    ("BertConfig/pad_id=V", lambda: brt.BertConfig(vocab_size=V, pad_id=V), err("pad_id", "vocab")),
+    ("BertConfig/dropout=1.0", lambda: brt.BertConfig(dropout=1.0), err("dropout", PROB)),
+    ("BertConfig/eps=0", lambda: brt.BertConfig(eps=0.0), err("eps", r"\(0")),
+    ("BertModel/config-dict", lambda: brt.BertModel({"vocab_size": V}), err("config", "BertConfig")),
+    ("BertClassifier/num_classes=1", lambda: brt.BertClassifier(brt.BertConfig(vocab_size=V, d_model=D, num_layers=1, num_heads=H, d_ff=FF, max_len=8), 1), err("num_classes", INT)),
+    ("mask_tokens/mask_prob=1.5", lambda: brt.mask_tokens(ids(2, 3), 2, V, mask_prob=1.5), err("mask_prob", r"\[0, 1\]")),
+    ("mask_tokens/ids>=V", lambda: brt.mask_tokens(ids(2, 3) + V, 2, V), err("input_ids", VOCAB)),
+    ("mask_tokens/no-regular-token", lambda: brt.mask_tokens(ids(2, 3, low=0, high=3), 2, 3, special_ids=(0, 1)), err("special_ids|mask_id", "no regular")),
+    ("mlm_loss/labels-wrong-shape", lambda: brt.mlm_loss(rand(2, 3, V), ids(2, 4)), err("labels", "shape")),
+    ("mlm_loss/int-logits", lambda: brt.mlm_loss(ids(2, 3, V), ids(2, 3)), err("logits", "floating")),
+    ("mlm_loss/ok-no-chosen", lambda: zeros_not_nan(brt.mlm_loss(rand(2, 3, V), torch.full((2, 3), brt.IGNORE_INDEX))), OK),
+    ("load_hf_bert/not-bert", lambda: brt.load_hf_bert(M("encoder"), None), err("model", "BertModel")),
 ]
 
 

@@ -192,23 +192,33 @@ def load_hf_bert(model, hf_model):
     """Copy the weights of a Hugging Face BertModel into our BertModel, or of a BertForMaskedLM into our
     BertForMaskedLM (built with the same config: BertConfig.from_hf(hf_model.config)). Returns model."""
     if isinstance(model, BertForMaskedLM):
-        names = {f"bert.{ours}": f"bert.{theirs}" for ours, theirs in _hf_names(model.bert.config.num_layers).items()}
+        bert = model.bert
+        names = {f"bert.{ours}": f"bert.{theirs}" for ours, theirs in _hf_names(bert.config.num_layers).items()}
         names |= {"transform": "cls.predictions.transform.dense", "norm": "cls.predictions.transform.LayerNorm",
                   "bias": "cls.predictions.bias"}
     elif isinstance(model, BertModel):
-        names = _hf_names(model.config.num_layers)
+        bert, names = model, _hf_names(model.config.num_layers)
     else:
         raise ValueError(f"model must be a BertModel or BertForMaskedLM, got {describe(model)}")
-    theirs = hf_model.state_dict()
-    weights = {}
-    for key in model.state_dict():                        # e.g. "encoder.layers.0.self_attn.W_q.weight"
+    ours, theirs = model.state_dict(), hf_model.state_dict()
+    pairs = {}                                           # our key -> their key
+    for key in ours:                                     # e.g. "encoder.layers.0.self_attn.W_q.weight"
         module, _, param = key.rpartition(".")
-        hf_key = names[key] if key in names else f"{names[module]}.{param}"
+        pairs[key] = names[key] if key in names else f"{names[module]}.{param}"
+    hint = "build ours with BertConfig.from_hf(hf_model.config)"
+    for key, hf_key in pairs.items():
         if hf_key not in theirs:
-            raise ValueError(f"hf_model has no {hf_key!r} for our {key!r}: is it a {type(model).__name__} "
-                         f"(BertModel{' with its pooler' if 'pooler' in key else ''}) of the same config?")
-        weights[key] = theirs[hf_key]
-    model.load_state_dict(weights)
+            raise ValueError(f"hf_model has no {hf_key!r} for our {key!r} (a BertModel without its pooler?): {hint}")
+        if theirs[hf_key].shape != ours[key].shape:
+            raise ValueError(f"hf_model's {hf_key!r} has shape {tuple(theirs[hf_key].shape)}, our {key!r} "
+                             f"{tuple(ours[key].shape)}: {hint}")
+    # every weight of theirs must find a place: all but the tied output layer, and a pooler we do not have
+    unused = [k for k in set(theirs) - set(pairs.values()) if "cls.predictions.decoder" not in k
+              and not k.endswith("position_ids") and not (bert.pooler is None and "pooler" in k)]
+    if unused:
+        raise ValueError(f"hf_model has weights our {type(model).__name__} has no place for, e.g. "
+                         f"{sorted(unused)[:3]}: {hint}")
+    model.load_state_dict({key: theirs[hf_key] for key, hf_key in pairs.items()})
     return model
 
 # %% ../chapters/10_encoder_only.ipynb #c040
@@ -223,7 +233,8 @@ def mask_tokens(input_ids, mask_id: int, vocab_size: int, special_ids=(0,), mask
     input_ids (B, S) -> (inputs (B, S), labels (B, S)): labels hold the original id at chosen positions and
     IGNORE_INDEX elsewhere, so the loss is computed on the chosen positions only."""
     check_token_ids("input_ids", input_ids, vocab_size)
-    check_int("mask_id", mask_id, 0)
+    if check_int("mask_id", mask_id, 0) >= vocab_size:
+        raise ValueError(f"mask_id must lie in [0, vocab_size) = [0, {vocab_size}), got {mask_id}")
     check_float("mask_prob", mask_prob, 0.0, 1.0)
     special = torch.tensor(sorted({check_int("special_ids", int(s), 0) for s in special_ids} | {mask_id}))
     regular = torch.tensor([i for i in range(vocab_size) if i not in set(special.tolist())])

@@ -83,7 +83,8 @@ def pool(hidden, keep, method: str = "mean"):
     hidden (B, S, d_model); keep (B, S) bool, True at real tokens. method:
       "cls"  hidden[:, 0], the output at the first position (a [CLS] token the model put there);
       "mean" the mean over real positions;  "max" the element-wise max over real positions.
-    A sequence without any real token pools to zeros. -> (B, d_model)"""
+    With "mean" and "max" a sequence without any real token pools to zeros ("cls" reads position 0 whatever
+    keep says). -> (B, d_model)"""
     check_tensor("hidden", hidden, dim=3, floating=True, shape_text="(B, S, d_model)")
     check_tensor("keep", keep, dim=2, shape_text="(B, S) bool")
     if keep.dtype != torch.bool or keep.shape != hidden.shape[:2]:
@@ -118,6 +119,8 @@ class SequenceClassifier(nn.Module):
         self.pooling, self.positional = pooling, check_bool("positional", positional)
         self.pad_id, self.cls_id = check_int("pad_id", pad_id, 0), check_int("cls_id", cls_id, 0)
         self.embed = TokenEmbedding(vocab_size, d_model, padding_idx=pad_id)
+        if self.cls_id >= vocab_size:
+            raise ValueError(f"cls_id must lie in [0, vocab_size) = [0, {vocab_size}), got {cls_id}")
         self.position = PositionalEncoding(d_model, dropout, max_len + 1)       # + 1: room for [CLS]
         self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, dropout, norm_first=True)
         self.head = nn.Linear(d_model, check_int("num_classes", num_classes, 2))
@@ -164,6 +167,7 @@ def fit(model, loss_fn, batches, steps: int, lr: float = 3e-3, warmup_steps: int
 
     check_int("steps", steps, 2)
     check_float("lr", lr, 0.0, low_open=True)
+    check_float("weight_decay", weight_decay, 0.0)
     warmup_steps = max(1, steps // 10) if warmup_steps is None else check_int("warmup_steps", warmup_steps)
     device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
