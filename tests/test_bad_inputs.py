@@ -29,10 +29,12 @@ import transformer_lib.decoder as dec
 import transformer_lib.decoding as dcd
 import transformer_lib.encoder as enc
 import transformer_lib.feed_forward as ffn
+import transformer_lib.gpt as gpt_mod
 import transformer_lib.model as mdl
 import transformer_lib.multi_head as mh
 import transformer_lib.positional as pos
 import transformer_lib.residual as res
+import transformer_lib.sampling as smp
 import transformer_lib.training as trn
 import transformer_lib.utils as utl
 
@@ -591,6 +593,13 @@ def train_call(**kw):
         M("model").eval()
 
 
+@functools.cache
+def small_gpt():
+    """A tiny GPT (Chapter 11), max_len 8, in eval mode, built once."""
+    torch.manual_seed(0)
+    return gpt_mod.GPT(gpt_mod.GPTConfig(vocab_size=V, max_len=8, d_model=D, num_layers=1, num_heads=H, d_ff=FF)).eval()
+
+
 PLAIN_CASES = [
     # --- attention: causal_mask, padding_mask
     ("causal_mask/True", lambda: att.causal_mask(True), err("n", INT)),
@@ -877,6 +886,49 @@ PLAIN_CASES = [
     ("mlm_loss/int-logits", lambda: brt.mlm_loss(ids(2, 3, V), ids(2, 3)), err("logits", "floating")),
     ("mlm_loss/ok-no-chosen", lambda: zeros_not_nan(brt.mlm_loss(rand(2, 3, V), torch.full((2, 3), brt.IGNORE_INDEX))), OK),
     ("load_hf_bert/not-bert", lambda: brt.load_hf_bert(M("encoder"), None), err("model", "BertModel")),
+
+    # --- gpt and sampling (Chapter 11)
+    ("GPTConfig/not-divisible", lambda: gpt_mod.GPTConfig(vocab_size=V, d_model=D, num_heads=3, d_ff=FF), err("num_heads|d_model", "divisible")),
+    ("GPTConfig/num_heads=0", lambda: gpt_mod.GPTConfig(vocab_size=V, d_model=D, num_heads=0), err("num_heads", INT)),
+    ("GPTConfig/num_layers=True", lambda: gpt_mod.GPTConfig(num_layers=True), err("num_layers", INT)),
+    ("GPTConfig/dropout=1.0", lambda: gpt_mod.GPTConfig(dropout=1.0), err("dropout", PROB)),
+    ("GPTConfig/eps=0", lambda: gpt_mod.GPTConfig(eps=0.0), err("eps", r"\(0")),
+    ("GPT/config-dict", lambda: gpt_mod.GPT({"vocab_size": V}), err("config", "GPTConfig")),
+    ("GPT/tokens-id>=V", lambda: small_gpt()(ids(2, 3) + V), err("tokens", VOCAB)),
+    ("GPT/float-tokens", lambda: small_gpt()(torch.ones(2, 3)), err("tokens", INTEGER)),
+    ("GPT/too-long", lambda: small_gpt()(ids(1, 9)), err("tokens", "max_len=8")),
+    ("GPT/cache-wrong-length", lambda: small_gpt()(ids(1, 2), cache=[]), err("cache", "new_cache")),
+    ("GPT/mask-2d", lambda: small_gpt()(ids(2, 3), mask=bmask(2, 3)), err("mask", PADHINT)),
+    ("GPT/ok-max_len", lambda: shape_is(small_gpt()(ids(2, 8)), 2, 8, V), OK),
+    ("GPT/ok-empty-batch", lambda: shape_is(small_gpt()(torch.zeros(0, 3, dtype=torch.long)), 0, 3, V), OK),
+    ("load_hf_gpt2/not-gpt", lambda: gpt_mod.load_hf_gpt2(M("encoder"), None), err("model", "GPT")),
+    ("stdlib_sources/bare-str", lambda: gpt_mod.stdlib_sources("ast.py"), err("modules", "list")),
+    ("stdlib_sources/none-found", lambda: gpt_mod.stdlib_sources(["no_such_module_xyz.py"]), err("modules", "found")),
+    ("TrigramLM/vocab_size=0", lambda: gpt_mod.TrigramLM(ids(5), 0), err("vocab_size", INT)),
+    ("TrigramLM/discount=1.5", lambda: gpt_mod.TrigramLM(ids(5), V, discount=1.5), err("discount", r"\[0, 1\]")),
+    ("random_windows/too-short", lambda: next(gpt_mod.random_windows(ids(5), 4, 2)), err("ids", "longer than context")),
+    ("random_windows/2d-ids", lambda: next(gpt_mod.random_windows(ids(2, 20), 4, 2)), err("ids", "1-D")),
+    ("random_windows/context=0", lambda: next(gpt_mod.random_windows(ids(20), 0, 2)), err("context", INT)),
+    ("random_windows/batch_size=True", lambda: next(gpt_mod.random_windows(ids(20), 4, True)), err("batch_size", INT)),
+    ("sequence_nll/2d-ids", lambda: gpt_mod.sequence_nll(small_gpt(), ids(2, 5), 4), err("ids", "1-D")),
+    ("sequence_nll/context=1", lambda: gpt_mod.sequence_nll(small_gpt(), ids(5), 1), err("context", INT)),
+    ("sequence_nll/ok-one-token", lambda: None if gpt_mod.sequence_nll(small_gpt(), ids(1), 4) == 0.0 else pytest.fail("nll"), OK),
+    ("sample_next/temperature=-1", lambda: smp.sample_next(rand(2, V), temperature=-1.0), err("temperature", r"\[0")),
+    ("sample_next/temperature-str", lambda: smp.sample_next(rand(2, V), temperature="1"), err("temperature", "number")),
+    ("sample_next/ok-greedy", lambda: None if torch.equal(smp.sample_next(rand(2, V), temperature=0), rand(2, V).argmax(-1)) else pytest.fail("argmax"), OK),
+    ("filter_logits/top_k=0", lambda: smp.filter_logits(rand(2, V), top_k=0), err("top_k", INT)),
+    ("filter_logits/top_k=True", lambda: smp.filter_logits(rand(2, V), top_k=True), err("top_k", INT)),
+    ("filter_logits/top_p=0", lambda: smp.filter_logits(rand(2, V), top_p=0.0), err("top_p", r"\(0, 1\]")),
+    ("filter_logits/top_p=1.5", lambda: smp.filter_logits(rand(2, V), top_p=1.5), err("top_p", r"\(0, 1\]")),
+    ("filter_logits/int-logits", lambda: smp.filter_logits(ids(2, V), top_k=2), err("logits", "floating")),
+    ("filter_logits/ok-top_p=1", lambda: None if torch.equal(smp.filter_logits(rand(2, V), top_p=1.0), rand(2, V)) else pytest.fail("kept"), OK),
+    ("filter_logits/ok-top_k>=V", lambda: None if torch.equal(smp.filter_logits(rand(2, V), top_k=V + 1), rand(2, V)) else pytest.fail("kept"), OK),
+    ("generate/too-long", lambda: smp.generate(small_gpt(), ids(1, 5), 4), err("max_new_tokens|prompt", "max_len=8")),
+    ("generate/max_new_tokens=0", lambda: smp.generate(small_gpt(), ids(1, 5), 0), err("max_new_tokens", INT)),
+    ("generate/prompt-1d", lambda: smp.generate(small_gpt(), ids(5), 2), err("prompt", FIT)),
+    ("generate/float-prompt", lambda: smp.generate(small_gpt(), torch.ones(1, 5), 2), err("prompt", INTEGER)),
+    ("generate/top_p=2", lambda: smp.generate(small_gpt(), ids(1, 2), 2, top_p=2.0), err("top_p", r"\(0, 1\]")),
+    ("generate/ok-fills-max_len", lambda: shape_is(smp.generate(small_gpt(), ids(2, 5), 3, temperature=0), 2, 3), OK),
 ]
 
 

@@ -27,16 +27,6 @@ V = 50                                           # vocabulary of the small model
 PAD, CLS, MASK = 0, 1, 2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one intra-op thread. Two xdist workers with two OpenMP threads each on two cores make
-    every kernel launch wait on spinning threads (10x slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def small_config(**kw) -> BertConfig:
     return BertConfig(**{"vocab_size": V, "d_model": 32, "num_layers": 2, "num_heads": 4, "d_ff": 48,
                          "max_len": 20, **kw})

@@ -30,16 +30,6 @@ DT = torch.float64
 ATOL = 1e-12
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one intra-op thread. Two xdist workers with two OpenMP threads each on two cores make
-    every kernel launch wait on spinning threads (10x slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 # ---------------------------------------------------------------- make_sequences
 
 @pytest.fixture(scope="module")
@@ -367,7 +357,8 @@ def test_fit_reduces_the_loss_and_predict():
                                pooling="mean")
     history = fit(model, classification_loss, random_batches(tokens, labels, batch_size=32, seed=0), steps=60,
                   lr=5e-3, progress=False)
-    assert set(history) == {"loss", "seconds"} and history["seconds"] > 0
+    assert set(history) == {"loss", "eval_step", "eval", "seconds"} and history["seconds"] > 0
+    assert history["eval_step"] == history["eval"] == []                  # no evaluate given
     losses = history["loss"]
     assert len(losses) == 60 and all(isinstance(v, float) for v in losses)
     assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10 - 0.1
@@ -379,6 +370,40 @@ def test_fit_reduces_the_loss_and_predict():
         torch.testing.assert_close(predicted, model(tokens).argmax(-1), rtol=0, atol=0)
     assert (predicted == labels).double().mean() > 1 / len(CLASSES)      # better than chance already
     assert predict(model, tokens[:0]).shape == (0,)
+
+
+def test_fit_evaluates_every_eval_every_steps_and_clips():
+    tokens, labels = make_sequences(20, seed=9)
+    torch.manual_seed(0)
+    model = SequenceClassifier(VOCAB_SIZE, len(CLASSES), d_model=16, num_heads=2, d_ff=32, num_layers=1)
+    seen = []
+
+    def evaluate(m):
+        seen.append((m.training, torch.is_grad_enabled()))
+        return float(len(seen))
+    history = fit(model, classification_loss, random_batches(tokens, labels, batch_size=16), steps=25,
+                  evaluate=evaluate, eval_every=10, clip_norm=1e-3, progress=False)
+    assert history["eval_step"] == [10, 20, 25] and history["eval"] == [1.0, 2.0, 3.0]
+    assert seen == [(False, False)] * 3                                   # eval mode, no gradients
+    with pytest.raises(ValueError, match="clip_norm"):
+        fit(model, classification_loss, random_batches(tokens, labels), steps=2, clip_norm=0.0, progress=False)
+
+
+def test_fit_clip_norm_bounds_the_gradient(monkeypatch):
+    """The gradient the optimizer steps with has global norm <= clip_norm, even for a loss scaled by 1e6."""
+    tokens, labels = make_sequences(20, seed=9)
+    torch.manual_seed(0)
+    model = SequenceClassifier(VOCAB_SIZE, len(CLASSES), d_model=16, num_heads=2, d_ff=32, num_layers=1)
+    norms, step = [], torch.optim.AdamW.step
+
+    def spy(self, *args, **kwargs):
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        norms.append(torch.sqrt(sum(g.pow(2).sum() for g in grads)).item())
+        return step(self, *args, **kwargs)
+    monkeypatch.setattr(torch.optim.AdamW, "step", spy)
+    fit(model, lambda m, batch: 1e6 * classification_loss(m, batch), random_batches(tokens, labels, batch_size=16),
+        steps=3, clip_norm=0.5, progress=False)
+    assert len(norms) == 3 and all(n <= 0.5 + 1e-4 for n in norms)
 
 
 def test_fit_value_errors():

@@ -159,29 +159,43 @@ def random_batches(*tensors, batch_size: int = 64, seed: int = 0, pad_id: int = 
 
 
 def fit(model, loss_fn, batches, steps: int, lr: float = 3e-3, warmup_steps: int | None = None,
-        weight_decay: float = 0.01, progress: bool = True) -> dict:
+        weight_decay: float = 0.01, betas=(0.9, 0.999), clip_norm: float | None = None, evaluate=None,
+        eval_every: int = 100, progress: bool = True) -> dict:
     """Train model for `steps` AdamW steps: loss_fn(model, batch) -> scalar loss, batch = next(batches), moved
     to the model's device. The learning rate rises linearly over warmup_steps (default 10 %) and falls
-    linearly to 0 at the last step (Chapter 8's schedule). -> {"loss": [per step], "seconds": float}"""
+    linearly to 0 at the last step (Chapter 8's schedule). clip_norm: clip the gradients' global norm.
+    evaluate(model) -> float, called in eval mode without gradients every eval_every steps and at the end.
+    -> {"loss": [per step], "eval_step": [...], "eval": [...], "seconds": float}"""
     from tqdm import tqdm   # imported here: the library itself needs only torch and numpy
 
     check_int("steps", steps, 2)
+    check_int("eval_every", eval_every)
     check_float("lr", lr, 0.0, low_open=True)
     check_float("weight_decay", weight_decay, 0.0)
+    if clip_norm is not None:
+        check_float("clip_norm", clip_norm, 0.0, low_open=True)
     warmup_steps = max(1, steps // 10) if warmup_steps is None else check_int("warmup_steps", warmup_steps)
     device = next(model.parameters()).device
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
     scheduler = warmup_linear_scheduler(optimizer, steps, warmup_steps)
-    history, start = {"loss": [], "seconds": 0.0}, time.perf_counter()
+    history, start = {"loss": [], "eval_step": [], "eval": [], "seconds": 0.0}, time.perf_counter()
     model.train()
-    for _ in tqdm(range(steps), disable=not check_bool("progress", progress), mininterval=2.0):
+    for step in tqdm(range(1, steps + 1), disable=not check_bool("progress", progress), mininterval=2.0):
         batch = [t.to(device) for t in next(batches)]
         loss = loss_fn(model, batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
         optimizer.step()
         scheduler.step()
         history["loss"].append(loss.item())
+        if evaluate is not None and (step % eval_every == 0 or step == steps):
+            model.eval()
+            with torch.no_grad():
+                history["eval_step"].append(step)
+                history["eval"].append(float(evaluate(model)))
+            model.train()
     model.eval()
     history["seconds"] = time.perf_counter() - start
     return history
