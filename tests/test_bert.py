@@ -45,23 +45,7 @@ def padded_ids(B, S, seed, low=3, type_vocab_size=2):
 
 # ---------------------------------------------------------------- no network, ever
 
-@pytest.fixture(autouse=True, scope="module")
-def no_network():
-    """Any attempt to open a connection fails: the tests build Hugging Face models from configs only."""
-    def refuse(*args, **kwargs):
-        raise RuntimeError("network access attempted")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        try:                                     # read once at import: set the constant too
-            import huggingface_hub.constants
-            mp.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True, raising=False)
-        except ImportError:
-            pass
-        mp.setattr(socket.socket, "connect", refuse)
-        mp.setattr(socket.socket, "connect_ex", refuse)
-        mp.setattr(socket, "create_connection", refuse)
-        mp.setattr(socket, "getaddrinfo", refuse)
-        yield
+pytestmark = pytest.mark.usefixtures("no_network")   # tests/conftest.py: any connection fails
 
 
 def test_network_guard_refuses_connections():

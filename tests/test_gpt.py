@@ -5,7 +5,6 @@ the training windows, the loss and the sliding-window NLL; the standard-library 
 import collections
 import math
 import random
-import socket
 import sysconfig
 from pathlib import Path
 
@@ -54,30 +53,7 @@ def max_diff(a, b):
 
 # ---------------------------------------------------------------- no network, ever
 
-@pytest.fixture(autouse=True, scope="module")
-def no_network():
-    """Any attempt to open a connection fails: the tests build Hugging Face models from configs only."""
-    def refuse(*args, **kwargs):
-        raise RuntimeError("network access attempted")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        try:                                     # read once at import: set the constant too
-            import huggingface_hub.constants
-            mp.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True, raising=False)
-        except ImportError:
-            pass
-        mp.setattr(socket.socket, "connect", refuse)
-        mp.setattr(socket.socket, "connect_ex", refuse)
-        mp.setattr(socket, "create_connection", refuse)
-        mp.setattr(socket, "getaddrinfo", refuse)
-        yield
-
-
-def test_network_guard_refuses_connections():
-    with pytest.raises(RuntimeError, match="network access attempted"):
-        socket.create_connection(("127.0.0.1", 9))
-    with socket.socket() as s, pytest.raises(RuntimeError, match="network access attempted"):
-        s.connect(("127.0.0.1", 9))
+pytestmark = pytest.mark.usefixtures("no_network")   # tests/conftest.py: any connection fails
 
 
 def test_network_guard_makes_from_pretrained_fail(tmp_path):
