@@ -11,3 +11,13 @@ def randomize(module, seed, std=0.3):
         for p in module.parameters():
             p.copy_(std * torch.randn(p.shape, generator=g, dtype=p.dtype))
     return module
+
+
+def noisy(hf_model, seed):
+    """A Hugging Face model in float64, eval, and 0.1 * N(0, 1) added to every parameter (LayerNorm gains and biases included)."""
+    hf_model = hf_model.double().eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in hf_model.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return hf_model

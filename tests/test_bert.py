@@ -7,7 +7,7 @@ import socket
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import randomize
+from helpers import noisy, randomize
 
 from transformer_lib.bert import (
     IGNORE_INDEX,
@@ -69,16 +69,6 @@ def hf_config(**kw):
                                       "num_attention_heads": 4, "intermediate_size": 48,
                                       "max_position_embeddings": 20, "type_vocab_size": 3,
                                       "attn_implementation": "eager", **kw})
-
-
-def noisy(hf_model, seed):
-    """float64, eval, and 0.1 * N(0, 1) added to every parameter (LayerNorm gains and biases included)."""
-    hf_model = hf_model.double().eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in hf_model.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return hf_model
 
 
 def hf_pair(seed=0):

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import randomize
+from helpers import noisy, randomize
 
 from transformer_lib.gpt import (
     GPT,
@@ -69,16 +69,6 @@ def hf_config(**kw):
     return transformers.GPT2Config(**{"vocab_size": V, "n_positions": 32, "n_embd": 32, "n_layer": 2,
                                       "n_head": 4, "bos_token_id": None, "eos_token_id": None,
                                       "attn_implementation": "eager", **kw})
-
-
-def noisy(hf_model, seed):
-    """float64, eval, and 0.1 * N(0, 1) added to every parameter (LayerNorm gains and biases included)."""
-    hf_model = hf_model.double().eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in hf_model.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return hf_model
 
 
 def hf_pair(seed=0, **kw):
