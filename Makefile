@@ -46,18 +46,19 @@ test-lib: venv
 	$(BIN)/pytest tests -n $(JOBS) --ignore=tests/test_browser.py
 
 # Strict nbval: every stored output must equal what the current code prints (volatile text sanitized).
-# The chapters that train for minutes with both CPU threads (8 and 11) run one after the other, after the rest:
+# The chapters that train for minutes with both CPU threads (8, 11, 12, 13) run one after the other, after the rest:
 # two of them side by side on two cores oversubscribe the threads and each runs many times slower.
-TRAINING_NBS   := chapters/08_training.ipynb chapters/11_decoder_only.ipynb
+TRAINING_NBS   := chapters/08_training.ipynb chapters/11_decoder_only.ipynb chapters/12_t5_and_vit.ipynb \
+                  chapters/13_scaling.ipynb
 test-notebooks: venv
 	$(BIN)/pytest $(NBVAL) $(filter-out $(TRAINING_NBS),$(wildcard chapters/*.ipynb)) -n $(JOBS) --dist loadfile
 	$(BIN)/pytest $(NBVAL) $(TRAINING_NBS) -p no:xdist
 
 # Stored outputs are made on one CPU and compared on another. Re-run nbval with PyTorch's portable (non-vector)
 # kernels and MKL limited to SSE4.2: a printed float that depends on the CPU's vector units fails here, on the
-# machine that stored it, instead of in CI on another. Chapters 8 and 11 are left out: their training runs (two
-# and three minutes) would double the stage, and the outputs they compare after training are fixed text (their
-# claims are asserts).
+# machine that stored it, instead of in CI on another. Chapters 8, 11, 12 and 13 are left out: their
+# training runs (one to three minutes each) would double the stage, and the outputs they compare after training
+# are fixed text (their claims are asserts).
 OTHER_CPU      := ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 ONEDNN_MAX_CPU_ISA=SSE41
 OTHER_CPU_NBS  := $(filter-out $(TRAINING_NBS),$(wildcard chapters/*.ipynb))
 test-notebooks-other-cpu: venv

@@ -15,6 +15,7 @@ import inspect
 import math
 import os
 import tempfile
+import types
 
 import pytest
 import torch
@@ -35,8 +36,10 @@ import transformer_lib.multi_head as mh
 import transformer_lib.positional as pos
 import transformer_lib.residual as res
 import transformer_lib.sampling as smp
+import transformer_lib.t5 as t5_mod
 import transformer_lib.training as trn
 import transformer_lib.utils as utl
+import transformer_lib.vit as vit_mod
 
 # ---------------------------------------------------------------------------------------------------- helpers
 OK = "ok"
@@ -111,8 +114,41 @@ def _module(kind, dt):
         "model": lambda: mdl.Transformer(mdl.TransformerConfig(V, V, d_model=D, num_heads=H, d_ff=FF,
                                                                num_encoder_layers=2, num_decoder_layers=2,
                                                                max_len=64)),
+        "rms": lambda: t5_mod.RMSNorm(D),
+        "t5_attn": lambda: t5_mod.T5Attention(D, H),
+        "t5": lambda: t5_mod.T5(t5_config()),
+        "vit": lambda: vit_mod.ViT(vit_config()),
     }[kind]()
     return m.to(dt).eval()
+
+
+def t5_config(**kw):
+    """A tiny T5 (Chapter 12): one layer per stack, 8 buckets."""
+    return t5_mod.T5Config(**{"vocab_size": V, "d_model": D, "num_heads": H, "d_ff": FF, "num_layers": 1,
+                              "num_decoder_layers": 1, "num_buckets": 8, "max_distance": 16, **kw})
+
+
+def vit_config(**kw):
+    """A tiny ViT (Chapter 12): 4×4 one-channel images, four 2×2 patches, 3 classes."""
+    return vit_mod.ViTConfig(**{"image_size": 4, "patch_size": 2, "num_channels": 1, "d_model": D, "num_layers": 1,
+                                "num_heads": H, "d_ff": FF, "num_classes": 3, **kw})
+
+
+def hf_t5_config(**kw):
+    """What T5Config.from_hf reads from a transformers.T5Config, without importing transformers."""
+    return types.SimpleNamespace(**{"vocab_size": V, "d_model": D, "d_kv": D // H, "num_heads": H, "d_ff": FF,
+                                    "num_layers": 1, "num_decoder_layers": 1, "relative_attention_num_buckets": 8,
+                                    "relative_attention_max_distance": 16, "dropout_rate": 0.1,
+                                    "layer_norm_epsilon": 1e-6, "pad_token_id": 0, "eos_token_id": 1,
+                                    "feed_forward_proj": "relu", "tie_word_embeddings": True, **kw})
+
+
+def hf_vit_config(**kw):
+    """What ViTConfig.from_hf reads from a transformers.ViTConfig, without importing transformers."""
+    return types.SimpleNamespace(**{"image_size": 4, "patch_size": 2, "num_channels": 1, "hidden_size": D,
+                                    "num_hidden_layers": 1, "num_attention_heads": H, "intermediate_size": FF,
+                                    "hidden_act": "gelu", "qkv_bias": True, "hidden_dropout_prob": 0.0,
+                                    "attention_probs_dropout_prob": 0.0, "layer_norm_eps": 1e-12, **kw})
 
 
 def M(kind, dt=torch.float32):
@@ -331,6 +367,94 @@ def label_smoothing_matches_torch(dt):
     got = loss_fn(label_smoothing=0.2, pad_id=PAD)(logits, target)
     want = F.cross_entropy(logits.reshape(-1, V), target.reshape(-1), label_smoothing=0.2, ignore_index=PAD)
     torch.testing.assert_close(got, want)
+
+
+def rms_half(dt):
+    """float16/bfloat16 with |x| ~ 1000 (dt only selects which half type): x² overflows float16, yet the statistic
+    in float32 keeps RMSNorm finite and close to F.rms_norm."""
+    half, tol = (torch.float16, 4e-3) if dt == torch.float32 else (torch.bfloat16, 3e-2)
+    x = (1000 + 300 * rand(4, D, dt=torch.float32)).to(half)
+    norm = t5_mod.RMSNorm(D).to(half)
+    out = norm(x)
+    assert out.dtype == half, out.dtype
+    torch.testing.assert_close(out.float(), F.rms_norm(x.float(), (D,), eps=1e-6), atol=tol, rtol=tol)
+
+
+def t5_attention_fully_masked_row(dt):
+    x, bias = rand(2, 3, D, dt=dt), rand(1, H, 3, 3, dt=dt, seed=1)
+    mask = torch.ones(2, 1, 3, 3, dtype=torch.bool)
+    mask[1, 0, 2] = False
+    out, w = M("t5_attn", dt)(x, x, x, bias, mask, need_weights=True)
+    zeros_not_nan(out[1, 2])
+    zeros_not_nan(w[1, :, 2])
+    finite(out)
+
+
+def t5_attention_unscaled(dt):
+    """weights = softmax(Q Kᵀ + bias): no division by √d_k."""
+    attn, x, bias = M("t5_attn", dt), rand(2, 3, D, dt=dt), rand(1, H, 3, 3, dt=dt, seed=1)
+    _, w = attn(x, x, x, bias, need_weights=True)
+    Q, K = attn.split_heads(attn.W_q(x)), attn.split_heads(attn.W_k(x))
+    torch.testing.assert_close(w, torch.softmax(Q @ K.transpose(-2, -1) + bias, -1))
+
+
+def t5_no_future(dt):
+    """Changing decoder token j leaves every logit at positions < j bit-identical."""
+    model, src, tgt = M("t5", dt), ids(2, 5), ids(2, 6, seed=1)
+    with torch.no_grad():
+        base = model(src, tgt)
+        for j in range(1, 6):
+            changed = tgt.clone()
+            changed[:, j] = 3 + (changed[:, j] - 3 + 1) % (V - 3)
+            out = model(src, changed)
+            assert torch.equal(out[:, :j], base[:, :j]), f"position < {j} sees token {j}"
+            assert not torch.equal(out[:, j:], base[:, j:])
+
+
+def t5_attention_weights(dt):
+    model = M("t5", dt)
+    model(ids(2, 5), ids(2, 4), need_weights=True)
+    shape_is(model.encoder_blocks[0].self_attn_weights, 2, H, 5, 5)
+    shape_is(model.decoder_blocks[0].cross_attn_weights, 2, H, 4, 5)
+    w = shape_is(model.decoder_blocks[0].self_attn_weights, 2, H, 4, 4)
+    assert torch.equal(w.triu(1), torch.zeros_like(w))                    # causal: nothing above the diagonal
+
+
+def t5_fully_padded_source(dt):
+    src = ids(2, 5)
+    src[1] = PAD
+    finite(M("t5", dt)(src, ids(2, 4)))
+
+
+def t5_generate_result(dt):
+    out = t5_mod.t5_generate(M("t5", dt), ids(3, 4), 5)
+    assert out.dtype == torch.long and out.size(0) == 3 and 1 <= out.size(1) <= 5
+    for row in out:                                                        # pad_id after eos_id only
+        eos = (row == M("t5", dt).config.eos_id).nonzero()
+        if len(eos):
+            assert torch.all(row[int(eos[0]) + 1:] == PAD)
+
+
+def seq2seq_loss_matches_torch(dt):
+    logits, labels = rand(2, 5, V, dt=dt), ids(2, 5, low=0)
+    labels[0, 3:] = brt.IGNORE_INDEX
+    want = F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), ignore_index=-100)
+    torch.testing.assert_close(t5_mod.seq2seq_loss(logits, labels), want)
+
+
+def vit_attention_rows(dt):
+    model = M("vit", dt)
+    model.features(rand(2, 1, 4, 4, dt=dt), need_weights=True)
+    for w in model.attention_weights():
+        shape_is(w, 2, H, 5, 5)
+        torch.testing.assert_close(w.sum(-1), torch.ones(2, H, 5, dtype=dt))
+
+
+def image_batch_shapes(dt):
+    x, y = next(vit_mod.image_batches(rand(7, 1, 4, 4, dt=dt), torch.arange(7), batch_size=3, max_shift=1))
+    shape_is(x, 3, 1, 4, 4)
+    shape_is(y, 3)
+    assert x.dtype == dt and len(y.unique()) == 3
 
 
 def t(dt, *shape, seed=0):
@@ -572,6 +696,76 @@ TENSOR_CASES = [
     ("scores/tokens-1d", lambda dt: dcd.sequence_scores(M("model", dt), ids(2, 5), None, ids(3), bos_id=BOS, eos_id=EOS), err("tokens", FIT)),
     ("scores/src_mask-float", lambda dt: dcd.sequence_scores(M("model", dt), ids(2, 5), torch.ones(2, 1, 1, 5), ids(2, 3), bos_id=BOS, eos_id=EOS), err("src_mask", BOOLMASK)),
     ("scores/ok-empty-batch", lambda dt: shape_is(dcd.sequence_scores(M("model", dt), torch.zeros(0, 5, dtype=torch.long), None, torch.zeros(0, 3, dtype=torch.long), bos_id=BOS, eos_id=EOS), 0), OK),
+
+    # --- t5 (Chapter 12): RMSNorm, T5Attention, T5, seq2seq_loss, t5_generate
+    ("rms/x-wrong-d", lambda dt: M("rms", dt)(t(dt, 2, D + 1)), err("x", "d_model")),
+    ("rms/int-x", lambda dt: M("rms", dt)(torch.ones(2, D, dtype=torch.long)), err("x", FLOAT)),
+    ("rms/mixed-x", lambda dt: M("rms", dt)(t(other(dt), 2, D)), err("x", FLOAT)),
+    ("rms/x-not-tensor", lambda dt: M("rms", dt)([1.0] * D), err("x", "tensor")),
+    ("rms/ok-matches-torch", lambda dt: torch.testing.assert_close(M("rms", dt)(t(dt, 3, D) * 100 + 5), F.rms_norm(t(dt, 3, D) * 100 + 5, (D,), eps=1e-6)), OK),
+    ("rms/ok-zero-row", lambda dt: zeros_not_nan(M("rms", dt)(torch.zeros(2, D, dtype=dt))), OK),
+    ("rms/ok-empty-batch", lambda dt: shape_is(M("rms", dt)(t(dt, 0, D)), 0, D), OK),
+    ("rms/ok-half-large", rms_half, OK),
+    ("t5_attn/query-2d", lambda dt: M("t5_attn", dt)(t(dt, 3, D), t(dt, 2, 3, D), t(dt, 2, 3, D)), err("query", FIT)),
+    ("t5_attn/mixed-key", lambda dt: M("t5_attn", dt)(t(dt, 2, 3, D), t(other(dt), 2, 3, D), t(dt, 2, 3, D)), err("key", FLOAT)),
+    ("t5_attn/bias-wrong-n_k", lambda dt: M("t5_attn", dt)(t(dt, 2, 3, D), t(dt, 2, 3, D), t(dt, 2, 3, D), t(dt, 1, H, 3, 4)), err("position_bias", "shape")),
+    ("t5_attn/bias-wrong-heads", lambda dt: M("t5_attn", dt)(t(dt, 2, 3, D), t(dt, 2, 3, D), t(dt, 2, 3, D), t(dt, 1, H + 1, 3, 3)), err("position_bias", "shape")),
+    ("t5_attn/bias-3d", lambda dt: M("t5_attn", dt)(t(dt, 2, 3, D), t(dt, 2, 3, D), t(dt, 2, 3, D), t(dt, H, 3, 3)), err("position_bias", "shape")),
+    ("t5_attn/int-bias", lambda dt: M("t5_attn", dt)(t(dt, 2, 3, D), t(dt, 2, 3, D), t(dt, 2, 3, D), torch.zeros(1, H, 3, 3, dtype=torch.long)), err("position_bias", FLOAT)),
+    ("t5_attn/padding-mask-2d", lambda dt: M("t5_attn", dt)(t(dt, 2, 3, D), t(dt, 2, 5, D), t(dt, 2, 5, D), None, bmask(2, 5)), err("mask", PADHINT)),
+    ("t5_attn/float-mask", lambda dt: M("t5_attn", dt)(t(dt, 2, 3, D), t(dt, 2, 5, D), t(dt, 2, 5, D), None, torch.ones(2, 1, 1, 5, dtype=dt)), err("mask", BOOLMASK)),
+    ("t5_attn/need_weights-str", lambda dt: M("t5_attn", dt)(t(dt, 2, 3, D), t(dt, 2, 3, D), t(dt, 2, 3, D), need_weights="yes"), err("need_weights", BOOL)),
+    ("t5_attn/ok-fully-masked-row", t5_attention_fully_masked_row, OK),
+    ("t5_attn/ok-no-scaling", t5_attention_unscaled, OK),
+    ("t5_attn/ok-empty-batch", lambda dt: shape_is(M("t5_attn", dt)(t(dt, 0, 3, D), t(dt, 0, 5, D), t(dt, 0, 5, D), t(dt, 1, H, 3, 5))[0], 0, 3, D), OK),
+    ("t5/float-input_ids", lambda dt: M("t5", dt)(torch.ones(2, 5, dtype=dt), ids(2, 4)), err("input_ids", INTEGER)),
+    ("t5/input_ids-id>=V", lambda dt: M("t5", dt)(ids(2, 5) + V, ids(2, 4)), err("input_ids", VOCAB)),
+    ("t5/decoder_input_ids-negative", lambda dt: M("t5", dt)(ids(2, 5), -ids(2, 4)), err("decoder_input_ids", VOCAB)),
+    ("t5/decoder_input_ids-none", lambda dt: M("t5", dt)(ids(2, 5), None), err("decoder_input_ids", "tensor")),
+    ("t5/batch-mismatch", lambda dt: M("t5", dt)(ids(3, 5), ids(2, 4)), err("decoder_input_ids", "batch")),
+    ("t5/decoder_mask-2d", lambda dt: M("t5", dt)(ids(2, 5), ids(2, 4), decoder_mask=bmask(2, 4)), err("decoder_mask", PADHINT)),
+    ("t5/decoder_mask-float", lambda dt: M("t5", dt)(ids(2, 5), ids(2, 4), decoder_mask=torch.ones(2, 1, 4, 4, dtype=dt)), err("decoder_mask", BOOLMASK)),
+    ("t5/mask-float", lambda dt: M("t5", dt)(ids(2, 5), ids(2, 4), mask=torch.ones(2, 1, 1, 5, dtype=dt)), err("mask", BOOLMASK)),
+    ("t5/ok-never-sees-future", t5_no_future, OK),
+    ("t5/ok-attention-weights", t5_attention_weights, OK),
+    ("t5/ok-fully-padded-source", t5_fully_padded_source, OK),
+    ("t5/ok-empty-batch", lambda dt: shape_is(M("t5", dt)(torch.zeros(0, 5, dtype=torch.long), torch.zeros(0, 4, dtype=torch.long)), 0, 4, V), OK),
+    ("t5/ok-dtype-kept", lambda dt: None if M("t5", dt)(ids(2, 5), ids(2, 4)).dtype == dt else pytest.fail("dtype"), OK),
+    ("seq2seq_loss/int-logits", lambda dt: t5_mod.seq2seq_loss(ids(2, 3, V), ids(2, 3)), err("logits", "floating")),
+    ("seq2seq_loss/labels-wrong-shape", lambda dt: t5_mod.seq2seq_loss(t(dt, 2, 3, V), ids(2, 4)), err("labels", "shape")),
+    ("seq2seq_loss/labels-list", lambda dt: t5_mod.seq2seq_loss(t(dt, 2, 3, V), [[1, 2, 3]] * 2), err("labels", "shape")),
+    ("seq2seq_loss/ok-matches-cross-entropy", seq2seq_loss_matches_torch, OK),
+    ("t5_generate/float-input_ids", lambda dt: t5_mod.t5_generate(M("t5", dt), torch.ones(2, 4, dtype=dt), 3), err("input_ids", INTEGER)),
+    ("t5_generate/input_ids-id>=V", lambda dt: t5_mod.t5_generate(M("t5", dt), ids(2, 4) + V, 3), err("input_ids", VOCAB)),
+    ("t5_generate/max_new_tokens=0", lambda dt: t5_mod.t5_generate(M("t5", dt), ids(2, 4), 0), err("max_new_tokens", INT)),
+    ("t5_generate/ok-result", t5_generate_result, OK),
+
+    # --- vit (Chapter 12): patchify, unpatchify, ViT, shifted, image_batches
+    ("patchify/not-multiple", lambda dt: vit_mod.patchify(t(dt, 1, 1, 7, 8), 4), err("images|patch_size", "multiple")),
+    ("patchify/images-3d", lambda dt: vit_mod.patchify(t(dt, 1, 8, 8), 4), err("images", FIT)),
+    ("unpatchify/wrong-N", lambda dt: vit_mod.unpatchify(t(dt, 1, 5, 16), 4, 8, 8), err("patches", "expected N")),
+    ("unpatchify/patches-2d", lambda dt: vit_mod.unpatchify(t(dt, 4, 16), 4, 8, 8), err("patches", FIT)),
+    ("patchify/ok-round-trip", lambda dt: None if torch.equal(vit_mod.unpatchify(vit_mod.patchify(t(dt, 2, 3, 6, 9), 3), 3, 6, 9), t(dt, 2, 3, 6, 9)) else pytest.fail("round trip"), OK),
+    ("patchify/ok-empty-batch", lambda dt: shape_is(vit_mod.patchify(t(dt, 0, 1, 4, 4), 2), 0, 4, 4), OK),
+    ("vit/wrong-channels", lambda dt: M("vit", dt)(t(dt, 2, 3, 4, 4)), err("images", "shape")),
+    ("vit/wrong-size", lambda dt: M("vit", dt)(t(dt, 2, 1, 8, 8)), err("images", "shape")),
+    ("vit/images-3d", lambda dt: M("vit", dt)(t(dt, 2, 4, 4)), err("images", FIT)),
+    ("vit/int-images", lambda dt: M("vit", dt)(torch.ones(2, 1, 4, 4, dtype=torch.long)), err("images", FLOAT)),
+    ("vit/mixed-images", lambda dt: M("vit", dt)(t(other(dt), 2, 1, 4, 4)), err("images", FLOAT)),
+    ("vit/need_weights-str", lambda dt: M("vit", dt).features(t(dt, 2, 1, 4, 4), need_weights="yes"), err("need_weights", BOOL)),
+    ("vit/ok-attention-rows-sum-to-1", vit_attention_rows, OK),
+    ("vit/ok-empty-batch", lambda dt: shape_is(M("vit", dt)(t(dt, 0, 1, 4, 4)), 0, 3), OK),
+    ("vit/ok-dtype-kept", lambda dt: None if M("vit", dt)(t(dt, 2, 1, 4, 4)).dtype == dt else pytest.fail("dtype"), OK),
+    ("shifted/int-images", lambda dt: vit_mod.shifted(torch.ones(2, 1, 4, 4, dtype=torch.long)), err("images", FLOAT)),
+    ("shifted/images-3d", lambda dt: vit_mod.shifted(t(dt, 1, 4, 4)), err("images", FIT)),
+    ("shifted/max_shift=-1", lambda dt: vit_mod.shifted(t(dt, 2, 1, 4, 4), -1), err("max_shift", INT)),
+    ("shifted/max_shift=True", lambda dt: vit_mod.shifted(t(dt, 2, 1, 4, 4), True), err("max_shift", INT)),
+    ("shifted/ok-zero-is-identity", lambda dt: None if torch.equal(vit_mod.shifted(t(dt, 2, 1, 4, 4), 0), t(dt, 2, 1, 4, 4)) else pytest.fail("identity"), OK),
+    ("shifted/ok-larger-than-image", lambda dt: shape_is(finite(vit_mod.shifted(t(dt, 2, 1, 4, 4), 9, torch.Generator().manual_seed(0))), 2, 1, 4, 4), OK),
+    ("shifted/ok-empty-batch", lambda dt: shape_is(vit_mod.shifted(t(dt, 0, 1, 4, 4), 1), 0, 1, 4, 4), OK),
+    ("image_batches/labels-wrong-shape", lambda dt: next(vit_mod.image_batches(t(dt, 4, 1, 4, 4), torch.arange(3))), err("labels", "shape")),
+    ("image_batches/int-images", lambda dt: next(vit_mod.image_batches(torch.ones(4, 1, 4, 4, dtype=torch.long), torch.arange(4))), err("images", FLOAT)),
+    ("image_batches/ok-shapes", image_batch_shapes, OK),
 ]
 
 
@@ -929,6 +1123,92 @@ PLAIN_CASES = [
     ("generate/float-prompt", lambda: smp.generate(small_gpt(), torch.ones(1, 5), 2), err("prompt", INTEGER)),
     ("generate/top_p=2", lambda: smp.generate(small_gpt(), ids(1, 2), 2, top_p=2.0), err("top_p", r"\(0, 1\]")),
     ("generate/ok-fills-max_len", lambda: shape_is(smp.generate(small_gpt(), ids(2, 5), 3, temperature=0), 2, 3), OK),
+
+    # --- t5 (Chapter 12)
+    ("RMSNorm/d_model=0", lambda: t5_mod.RMSNorm(0), err("d_model", INT)),
+    ("RMSNorm/d_model=True", lambda: t5_mod.RMSNorm(True), err("d_model", INT)),
+    ("RMSNorm/eps=0", lambda: t5_mod.RMSNorm(D, eps=0.0), err("eps", r"\(0")),
+    ("RMSNorm/eps-str", lambda: t5_mod.RMSNorm(D, eps="1e-6"), err("eps", "number")),
+    ("relative_position_bucket/float", lambda: t5_mod.relative_position_bucket(torch.tensor([1.0, 2.0])), err("relative_position", INTEGER)),
+    ("relative_position_bucket/list", lambda: t5_mod.relative_position_bucket([1, 2]), err("relative_position", "tensor")),
+    ("relative_position_bucket/bidirectional-str", lambda: t5_mod.relative_position_bucket(ids(3), "yes"), err("bidirectional", BOOL)),
+    ("relative_position_bucket/num_buckets=3", lambda: t5_mod.relative_position_bucket(ids(3), True, 3), err("num_buckets", INT)),
+    ("relative_position_bucket/num_buckets=1-decoder", lambda: t5_mod.relative_position_bucket(ids(3), False, 1), err("num_buckets", INT)),
+    ("relative_position_bucket/max_distance=1", lambda: t5_mod.relative_position_bucket(ids(3), True, 8, 1), err("max_distance", INT)),
+    ("relative_position_bucket/ok-empty", lambda: shape_is(t5_mod.relative_position_bucket(torch.zeros(0, dtype=torch.long)), 0), OK),
+    ("relative_position_bucket/ok-values", lambda: None if t5_mod.relative_position_bucket(torch.tensor([-200, -1, 0, 1, 200])).tolist() == [15, 1, 0, 17, 31] else pytest.fail("buckets"), OK),
+    ("RelativePositionBias/num_heads=0", lambda: t5_mod.RelativePositionBias(0, True), err("num_heads", INT)),
+    ("RelativePositionBias/bidirectional-int", lambda: t5_mod.RelativePositionBias(H, 1), err("bidirectional", BOOL)),
+    ("RelativePositionBias/num_buckets=3", lambda: t5_mod.RelativePositionBias(H, True, num_buckets=3), err("num_buckets", INT)),
+    ("RelativePositionBias/offset=-1", lambda: t5_mod.RelativePositionBias(H, False)(2, 3, offset=-1), err("offset", INT)),
+    ("RelativePositionBias/n_k=True", lambda: t5_mod.RelativePositionBias(H, False)(2, True), err("n_k", INT)),
+    ("RelativePositionBias/ok-shape", lambda: shape_is(t5_mod.RelativePositionBias(H, True)(2, 3, offset=5), 1, H, 2, 3), OK),
+    ("T5Attention/not-divisible", lambda: t5_mod.T5Attention(D, 3), err("num_heads|d_model", "divisible")),
+    ("T5Attention/dropout=1.0", lambda: t5_mod.T5Attention(D, H, dropout=1.0), err("dropout", PROB)),
+    ("T5Attention/ok-no-biases", lambda: None if all(W.bias is None for W in (M("t5_attn").W_q, M("t5_attn").W_k, M("t5_attn").W_v, M("t5_attn").W_o)) else pytest.fail("bias"), OK),
+    ("T5Config/not-divisible", lambda: t5_config(num_heads=3), err("num_heads|d_model", "divisible")),
+    ("T5Config/vocab_size=0", lambda: t5_config(vocab_size=0), err("vocab_size", INT)),
+    ("T5Config/num_decoder_layers=0", lambda: t5_config(num_decoder_layers=0), err("num_decoder_layers", INT)),
+    ("T5Config/num_buckets=3", lambda: t5_config(num_buckets=3), err("num_buckets", INT)),
+    ("T5Config/max_distance=1", lambda: t5_config(max_distance=1), err("max_distance", INT)),
+    ("T5Config/dropout=1.0", lambda: t5_config(dropout=1.0), err("dropout", PROB)),
+    ("T5Config/eps=0", lambda: t5_config(eps=0.0), err("eps", r"\(0")),
+    ("T5Config/pad_id=V", lambda: t5_config(pad_id=V), err("pad_id", "vocab")),
+    ("T5Config/eos_id-bool", lambda: t5_config(eos_id=True), err("eos_id", INT)),
+    ("T5Config/ok-default-t5-small", lambda: None if (t5_mod.T5Config().d_model, t5_mod.T5Config().vocab_size, t5_mod.T5Config().dropout) == (512, 32128, 0.1) else pytest.fail("default"), OK),
+    ("T5Config/from_hf-d_kv", lambda: t5_mod.T5Config.from_hf(hf_t5_config(d_kv=3)), err("d_kv", "d_model")),
+    ("T5Config/from_hf-gated", lambda: t5_mod.T5Config.from_hf(hf_t5_config(feed_forward_proj="gated-gelu")), err("feed_forward_proj", "relu")),
+    ("T5Config/from_hf-untied", lambda: t5_mod.T5Config.from_hf(hf_t5_config(tie_word_embeddings=False)), err("hf_config", "tie")),
+    ("T5Config/ok-from_hf", lambda: None if t5_mod.T5Config.from_hf(hf_t5_config()) == t5_config() else pytest.fail("from_hf"), OK),
+    ("T5/config-dict", lambda: t5_mod.T5({"vocab_size": V}), err("config", "T5Config")),
+    ("T5Block/memory-to-encoder-block", lambda: t5_mod.T5Block(t5_config())(rand(2, 3, D, dt=torch.float32), None, memory=rand(2, 4, D, dt=torch.float32)), err("memory", "decoder block")),
+    ("T5Block/no-memory-to-decoder-block", lambda: t5_mod.T5Block(t5_config(), cross_attention=True)(rand(2, 3, D, dt=torch.float32), None), err("memory", "decoder block")),
+    ("rms_sublayer/dropout=1.0", lambda: t5_mod.rms_sublayer(D, 1.0, 1e-6), err("dropout", PROB)),
+    ("rms_sublayer/ok-rms-norm", lambda: None if isinstance(t5_mod.rms_sublayer(D, 0.1, 1e-6).norm, t5_mod.RMSNorm) else pytest.fail("norm"), OK),
+    ("init_t5_weights/ok-other-modules-untouched", lambda: (lin := nn.Linear(2, 2), w := lin.weight.detach().clone(), t5_mod.init_t5_weights(lin, D, FF), None if torch.equal(lin.weight, w) else pytest.fail("changed")), OK),
+    ("shift_right/labels-1d", lambda: t5_mod.shift_right(ids(4)), err("labels", FIT)),
+    ("shift_right/float-labels", lambda: t5_mod.shift_right(torch.ones(2, 3)), err("labels", INTEGER)),
+    ("shift_right/start_id=-1", lambda: t5_mod.shift_right(ids(2, 3), start_id=-1), err("start_id", INT)),
+    ("shift_right/pad_id-bool", lambda: t5_mod.shift_right(ids(2, 3), pad_id=True), err("pad_id", INT)),
+    ("shift_right/ok-ignore-becomes-pad", lambda: None if t5_mod.shift_right(torch.tensor([[5, -100, -100]]), 2, 7).tolist() == [[2, 5, 7]] else pytest.fail("shift"), OK),
+    ("shift_right/ok-length-0", lambda: shape_is(t5_mod.shift_right(torch.zeros(2, 0, dtype=torch.long)), 2, 0), OK),
+    ("load_by_names/no-name", lambda: t5_mod.load_by_names(nn.Linear(2, 2), {"w": torch.ones(2, 2)}, {"weight": "w"}, "hint"), err("name", "Hugging Face")),
+    ("load_by_names/missing-key", lambda: t5_mod.load_by_names(nn.Linear(2, 2), {"w": torch.ones(2, 2)}, {"weight": "w", "bias": "b"}, "hint"), err("hf_model", "has no")),
+    ("load_by_names/wrong-shape", lambda: t5_mod.load_by_names(nn.Linear(2, 2), {"w": torch.ones(3, 2), "b": torch.ones(2)}, {"weight": "w", "bias": "b"}, "hint"), err("hf_model", "shape")),
+    ("load_by_names/unused", lambda: t5_mod.load_by_names(nn.Linear(2, 2), {"w": torch.ones(2, 2), "b": torch.ones(2), "x": torch.ones(1)}, {"weight": "w", "bias": "b"}, "hint"), err("hf_model", "no place")),
+    ("load_hf_t5/not-t5", lambda: t5_mod.load_hf_t5(M("encoder"), None), err("model", "T5")),
+    ("load_hf_t5/no-lm_head", lambda: t5_mod.load_hf_t5(M("t5"), nn.Linear(2, 2)), err("hf_model", "lm_head")),
+    ("t5_generate/max_new_tokens=True", lambda: t5_mod.t5_generate(M("t5"), ids(2, 4), True), err("max_new_tokens", INT)),
+    ("t5_generate/input_ids-1d", lambda: t5_mod.t5_generate(M("t5"), ids(4), 3), err("input_ids", FIT)),
+
+    # --- vit (Chapter 12)
+    ("patchify/patch_size=0", lambda: vit_mod.patchify(torch.zeros(1, 1, 4, 4), 0), err("patch_size", INT)),
+    ("patchify/patch_size-float", lambda: vit_mod.patchify(torch.zeros(1, 1, 4, 4), 2.0), err("patch_size", INT)),
+    ("patchify/not-tensor", lambda: vit_mod.patchify([[1.0]], 1), err("images", "tensor")),
+    ("unpatchify/height=0", lambda: vit_mod.unpatchify(torch.zeros(1, 4, 4), 2, 0, 4), err("height", INT)),
+    ("unpatchify/width-bool", lambda: vit_mod.unpatchify(torch.zeros(1, 4, 4), 2, 4, True), err("width", INT)),
+    ("ViTConfig/not-multiple", lambda: vit_config(image_size=5), err("image_size|patch_size", "multiple")),
+    ("ViTConfig/not-divisible", lambda: vit_config(num_heads=3), err("num_heads|d_model", "divisible")),
+    ("ViTConfig/num_classes=-1", lambda: vit_config(num_classes=-1), err("num_classes", INT)),
+    ("ViTConfig/num_channels=0", lambda: vit_config(num_channels=0), err("num_channels", INT)),
+    ("ViTConfig/dropout=1.0", lambda: vit_config(dropout=1.0), err("dropout", PROB)),
+    ("ViTConfig/eps=0", lambda: vit_config(eps=0.0), err("eps", r"\(0")),
+    ("ViTConfig/ok-num_patches", lambda: None if vit_config(image_size=8, patch_size=2).num_patches == 16 else pytest.fail("num_patches"), OK),
+    ("ViTConfig/from_hf-non-square", lambda: vit_mod.ViTConfig.from_hf(hf_vit_config(image_size=(4, 8))), err("image_size", "square")),
+    ("ViTConfig/from_hf-relu", lambda: vit_mod.ViTConfig.from_hf(hf_vit_config(hidden_act="relu")), err("hidden_act", "gelu")),
+    ("ViTConfig/from_hf-no-qkv-bias", lambda: vit_mod.ViTConfig.from_hf(hf_vit_config(qkv_bias=False)), err("qkv_bias", "True")),
+    ("ViTConfig/from_hf-two-dropouts", lambda: vit_mod.ViTConfig.from_hf(hf_vit_config(hidden_dropout_prob=0.1)), err("hidden_dropout_prob", "one dropout")),
+    ("ViTConfig/ok-from_hf", lambda: None if vit_mod.ViTConfig.from_hf(hf_vit_config(), 3) == vit_config() else pytest.fail("from_hf"), OK),
+    ("ViT/config-dict", lambda: vit_mod.ViT({"image_size": 4}), err("config", "ViTConfig")),
+    ("ViT/no-head", lambda: vit_mod.ViT(vit_config(num_classes=0))(torch.zeros(2, 1, 4, 4)), err("num_classes", "head")),
+    ("ViT/ok-features-without-head", lambda: shape_is(vit_mod.ViT(vit_config(num_classes=0)).features(torch.zeros(2, 1, 4, 4)), 2, 5, D), OK),
+    ("load_hf_vit/not-vit", lambda: vit_mod.load_hf_vit(M("encoder"), None), err("model", "ViT")),
+    ("load_hf_vit/other-kind", lambda: vit_mod.load_hf_vit(M("vit"), nn.Linear(2, 2)), err("num_classes", "ViTForImageClassification")),
+    ("shifted/max_shift-float", lambda: vit_mod.shifted(torch.zeros(2, 1, 4, 4), 1.0), err("max_shift", INT)),
+    ("image_batches/batch_size=0", lambda: next(vit_mod.image_batches(torch.zeros(4, 1, 4, 4), torch.arange(4), batch_size=0)), err("batch_size", INT)),
+    ("image_batches/seed=-1", lambda: next(vit_mod.image_batches(torch.zeros(4, 1, 4, 4), torch.arange(4), seed=-1)), err("seed", INT)),
+    ("image_batches/labels-list", lambda: next(vit_mod.image_batches(torch.zeros(4, 1, 4, 4), [0, 1, 2, 3])), err("labels", "shape")),
+    ("image_batches/max_shift=-1", lambda: next(vit_mod.image_batches(torch.zeros(4, 1, 4, 4), torch.arange(4), max_shift=-1)), err("max_shift", INT)),
 ]
 
 

@@ -7,7 +7,7 @@ __all__ = ['ACTIVATIONS', 'PositionwiseFeedForward']
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .validation import check_int, check_probability, check_same_dtype, check_tensor
+from .validation import check_bool, check_int, check_probability, check_same_dtype, check_tensor
 
 # %% ../chapters/04_feed_forward.ipynb #c009
 # The nonlinearity between the two layers. The paper uses ReLU; Part III's models use GELU, x·Φ(x)
@@ -21,16 +21,18 @@ class PositionwiseFeedForward(nn.Module):
     x: (..., d_model) -> (..., d_model). `dropout` acts on the d_ff hidden units, as in
     nn.TransformerEncoderLayer (the paper's residual dropout lives in SublayerConnection, Chapter 5).
     activation: "relu" (the paper's max(0, .)), "gelu" or "gelu_tanh" (see ACTIVATIONS).
+    bias=False drops b_1 and b_2 (T5, Chapter 12, has no biases anywhere).
     """
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.1, activation: str = "relu"):
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.1, activation: str = "relu",
+                 bias: bool = True):
         super().__init__()
         self.d_model, self.d_ff = check_int("d_model", d_model), check_int("d_ff", d_ff)
         if not isinstance(activation, str) or activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {', '.join(map(repr, ACTIVATIONS))}, got {activation!r}")
         self.activation = activation
-        self.linear1 = nn.Linear(d_model, d_ff)    # W_1, b_1 (weight stored as W_1ᵀ: (d_ff, d_model))
-        self.linear2 = nn.Linear(d_ff, d_model)    # W_2, b_2 (weight stored as W_2ᵀ: (d_model, d_ff))
+        self.linear1 = nn.Linear(d_model, d_ff, bias=check_bool("bias", bias))   # W_1, b_1 (weight stored as W_1ᵀ)
+        self.linear2 = nn.Linear(d_ff, d_model, bias=bias)                       # W_2, b_2 (weight stored as W_2ᵀ: (d_model, d_ff))
         self.dropout = nn.Dropout(check_probability("dropout", dropout))
 
     def forward(self, x):
