@@ -21,3 +21,18 @@ def noisy(hf_model, seed):
         for p in hf_model.parameters():
             p.add_(0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
     return hf_model
+
+
+def max_diff(a, b) -> float:
+    """The largest absolute difference between two tensors of one shape."""
+    return (a - b).abs().max().item()
+
+
+def assert_download_fails(class_name, checkpoint, cache_dir):
+    """transformers.<class_name>.from_pretrained(checkpoint) must fail: with the no_network fixture of conftest.py
+    any connection raises, so nothing is ever downloaded (and a test that tries would fail, not fetch)."""
+    import pytest
+
+    transformers = pytest.importorskip("transformers")
+    with pytest.raises(Exception):  # noqa: B017 - the offline error or the guard's RuntimeError, whichever comes first
+        getattr(transformers, class_name).from_pretrained(checkpoint, cache_dir=cache_dir)

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import noisy, randomize
+from helpers import assert_download_fails, max_diff, noisy, randomize
 
 from transformer_lib.vit import ViT, ViTConfig, image_batches, load_hf_vit, patchify, shifted, unpatchify
 
@@ -28,9 +28,6 @@ def pixels(*shape, seed=0, dtype=DT):
     return torch.rand(shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
-def max_diff(a, b):
-    return (a - b).abs().max().item()
-
 
 # ---------------------------------------------------------------- no network, ever
 
@@ -38,9 +35,7 @@ pytestmark = pytest.mark.usefixtures("no_network")   # tests/conftest.py: any co
 
 
 def test_network_guard_makes_from_pretrained_fail(tmp_path):
-    transformers = pytest.importorskip("transformers")
-    with pytest.raises(Exception):  # noqa: B017 - offline error or our RuntimeError, whichever comes first
-        transformers.ViTModel.from_pretrained("google/vit-base-patch16-224", cache_dir=tmp_path)
+    assert_download_fails("ViTModel", "google/vit-base-patch16-224", tmp_path)
 
 
 # ---------------------------------------------------------------- patchify, unpatchify
