@@ -74,7 +74,7 @@ book: venv
 book-stored: venv
 	mkdir -p _build
 	sed -e 's/^  execute_notebooks: force.*/  execute_notebooks: "off"/' \
-	    -e 's|^\(    strip_markers: \)_ext$$|\1../_ext|' _config.yml > _build/_config.stored.yml
+	    -e 's|^\(    [a-z_]*: \)_ext$$|\1../_ext|' _config.yml > _build/_config.stored.yml
 	$(BIN)/jupyter-book build --all -W -n --keep-going --config _build/_config.stored.yml .
 
 test-browser: venv

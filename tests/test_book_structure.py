@@ -109,6 +109,28 @@ def test_strip_markers_removes_only_whole_line_markers():
     assert strip_markers(unmarked) == unmarked                              # no marker: returned unchanged
 
 
+def test_progress_bars_keep_only_their_last_redraw():
+    """_ext/progress_bars.py (loaded by _config.yml) shows each tqdm bar as a terminal does at its end."""
+    local = yaml.safe_load((ROOT / "_config.yml").read_text())["sphinx"]["local_extensions"]
+    assert (ROOT / local["progress_bars"] / "progress_bars.py").is_file(), local
+    sys.path.insert(0, str(ROOT / local["progress_bars"]))
+    from progress_bars import collapse_progress
+
+    def bar(n, total, desc=""):
+        pct = 100 * n // total
+        return f"{desc}{pct:3d}%|{'█' * (pct // 10):10}| {n}/{total} [00:0{n % 10}<00:01, 70.1it/s]"
+    first = [bar(0, 600), bar(137, 600), bar(600, 600)]
+    second = [bar(0, 600), bar(300, 600), bar(600, 600)]            # a new bar: its count falls back to 0
+    third = [bar(0, 50, "eval: "), bar(50, 50, "eval: ")]            # another description
+    text = "\n".join(["before", *first, *second, *third, "accuracy 99.7 %", ""])
+    assert collapse_progress(text) == "\n".join(["before", first[-1], second[-1], third[-1], "accuracy 99.7 %", ""])
+    assert collapse_progress("\n".join([bar(3, 9), bar(9, 9), bar(2, 5)])) == "\n".join([bar(9, 9), bar(2, 5)])
+    three_runs = "\n".join([bar(0, 600), bar(600, 600), bar(600, 600), bar(0, 600), bar(600, 600)])
+    assert collapse_progress(three_runs) == "\n".join([bar(600, 600)] * 3)   # a full bar is finished
+    plain = "step 100 | loss 2.1 | 12/40 [batches]\n50% done\n"
+    assert collapse_progress(plain) == plain                          # no bar: returned unchanged
+
+
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
 def test_marker_lines_start_at_column_0_so_the_book_strips_them(path):
     # The book hides `#| ...` and `# NBVAL_...` lines only when they start a line (no indent).

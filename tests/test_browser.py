@@ -3,7 +3,8 @@
 For every chapter page: MathJax (served from the book itself) typeset the math and left no raw TeX, every
 figure decodes, no local (file:) request failed, nothing was fetched from the network, and the Colab
 button points at .../github/<owner>/<repo>/blob/<branch>/chapters/<file>.ipynb. The code cells show none of the
-toolchain's marker lines (`#| export`, `# NBVAL_...`: _ext/strip_markers.py), and at a 1,400-px window no code
+toolchain's marker lines (`#| export`, `# NBVAL_...`: _ext/strip_markers.py), a tqdm bar shows its last state
+only (_ext/progress_bars.py), and at a 1,400-px window no code
 block scrolls sideways (_static/code-width.css).
 
 Needs `_build/html` (`make book`, or `make book-stored` after nbval), /usr/bin/chromium
@@ -14,6 +15,7 @@ pass without having opened the pages."""
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 HTML = ROOT / "_build" / "html"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
+sys.path.insert(0, str(ROOT / CONFIG["sphinx"]["local_extensions"]["progress_bars"]))
+from progress_bars import collapse_progress  # noqa: E402
+
 TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())
 CHAPTERS = [c["file"] for part in TOC["parts"] for c in part["chapters"] if c["file"].startswith("chapters/")]
 
@@ -111,7 +116,8 @@ MARKER_LINE = r"^\s*(#\||# NBVAL_)"      # the lines _ext/strip_markers.py remov
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.split("/")[-1])
 def test_code_shows_no_markers_and_fits_the_page(browser, chapter):
     """The notebooks keep their nbdev/nbval marker lines; the book shows none of them, in the text of any code
-    cell (hidden ones included). At a 1,400-px window no code block (cell input, output, or Markdown code)
+    cell (hidden ones included). A tqdm bar shows one line, not one line per redraw (collapse_progress, tested in
+    test_book_structure.py, finds nothing left to collapse in any output). At a 1,400-px window no code block (cell input, output, or Markdown code)
     is wider than its box: with every folded cell opened, no `pre` has scrollWidth > clientWidth + 1."""
     page, _, _ = open_page(browser, f"{chapter}.html", viewport={"width": 1400, "height": 900})
     try:
@@ -120,6 +126,10 @@ def test_code_shows_no_markers_and_fits_the_page(browser, chapter):
         assert inputs, "no code cells found (did myst-nb's markup change?)"
         shown = [line.strip() for text in inputs for line in text.splitlines() if re.match(MARKER_LINE, line)]
         assert shown == [], f"marker lines shown in code cells: {shown[:5]}"
+        outputs = page.evaluate("() => [...document.querySelectorAll('article div.cell_output pre')]"
+                                ".map(e => e.textContent)")
+        redraws = [text[:300] for text in outputs if collapse_progress(text) != text]
+        assert redraws == [], f"progress-bar redraws shown (_ext/progress_bars.py keeps the last): {redraws[:2]}"
         page.evaluate("() => document.querySelectorAll('article details').forEach(d => { d.open = true; })")
         blocks = page.evaluate("""() => [...document.querySelectorAll('article pre')].map(p => ({
             sw: p.scrollWidth, cw: p.clientWidth, line: p.textContent.split('\\n')
