@@ -7,7 +7,7 @@ import socket
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import assert_download_fails, max_diff, noisy, randomize
+from helpers import assert_download_fails, import_hf, max_diff, noisy, randomize
 
 from transformer_lib.bert import (
     IGNORE_INDEX,
@@ -62,7 +62,7 @@ def test_network_guard_makes_from_pretrained_fail(tmp_path):
 # ---------------------------------------------------------------- equality with Hugging Face
 
 def hf_config(**kw):
-    transformers = pytest.importorskip("transformers")
+    transformers = import_hf("transformers")
     return transformers.BertConfig(**{"vocab_size": V, "hidden_size": 32, "num_hidden_layers": 2,
                                       "num_attention_heads": 4, "intermediate_size": 48,
                                       "max_position_embeddings": 20, "type_vocab_size": 3,
@@ -70,7 +70,7 @@ def hf_config(**kw):
 
 
 def hf_pair(seed=0):
-    transformers = pytest.importorskip("transformers")
+    transformers = import_hf("transformers")
     cfg = hf_config()
     hf = noisy(transformers.BertModel(cfg), seed)
     ours = load_hf_bert(BertModel(BertConfig.from_hf(cfg)).double().eval(), hf)
@@ -115,7 +115,7 @@ def test_bert_equals_hugging_face_without_padding():
 
 
 def test_masked_lm_equals_hugging_face():
-    transformers = pytest.importorskip("transformers")
+    transformers = import_hf("transformers")
     cfg = hf_config()
     hf = noisy(transformers.BertForMaskedLM(cfg), seed=5)
     ours = load_hf_bert(BertForMaskedLM(BertConfig.from_hf(cfg)).double().eval(), hf)
@@ -155,7 +155,7 @@ def test_load_hf_bert_refuses_other_models():
 
 
 def test_load_hf_bert_without_pooler():
-    transformers = pytest.importorskip("transformers")
+    transformers = import_hf("transformers")
     cfg = hf_config()
     hf_mlm = transformers.BertForMaskedLM(cfg)
     assert hf_mlm.bert.pooler is None                                  # Hugging Face's MLM has no pooler
@@ -168,14 +168,14 @@ def test_load_hf_bert_without_pooler():
 
 
 def test_load_hf_bert_refuses_more_layers_than_they_have():
-    transformers = pytest.importorskip("transformers")
+    transformers = import_hf("transformers")
     with pytest.raises(ValueError, match="hf_model"):
         load_hf_bert(BertModel(BertConfig.from_hf(hf_config(num_hidden_layers=3))),
                      transformers.BertModel(hf_config()))
 
 
 def test_load_hf_bert_refuses_fewer_layers_than_they_have():
-    transformers = pytest.importorskip("transformers")
+    transformers = import_hf("transformers")
     with pytest.raises(ValueError, match="hf_model has weights .* no place for"):
         load_hf_bert(BertModel(BertConfig.from_hf(hf_config())),
                      transformers.BertModel(hf_config(num_hidden_layers=3)))
@@ -183,7 +183,7 @@ def test_load_hf_bert_refuses_fewer_layers_than_they_have():
 
 @pytest.mark.parametrize("field", ["hidden_size", "vocab_size", "intermediate_size"])
 def test_load_hf_bert_refuses_other_sizes(field):
-    transformers = pytest.importorskip("transformers")
+    transformers = import_hf("transformers")
     other = {"hidden_size": 16, "vocab_size": V + 10, "intermediate_size": 64}[field]
     with pytest.raises(ValueError, match="hf_model's .* has shape"):
         load_hf_bert(BertModel(BertConfig.from_hf(hf_config())), transformers.BertModel(hf_config(**{field: other})))

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import assert_download_fails, max_diff, noisy, randomize
+from helpers import assert_download_fails, import_hf, max_diff, noisy, randomize
 
 from transformer_lib.gpt import (
     GPT,
@@ -60,14 +60,14 @@ def test_network_guard_makes_from_pretrained_fail(tmp_path):
 # ---------------------------------------------------------------- equality with Hugging Face
 
 def hf_config(**kw):
-    transformers = pytest.importorskip("transformers")
+    transformers = import_hf("transformers")
     return transformers.GPT2Config(**{"vocab_size": V, "n_positions": 32, "n_embd": 32, "n_layer": 2,
                                       "n_head": 4, "bos_token_id": None, "eos_token_id": None,
                                       "attn_implementation": "eager", **kw})
 
 
 def hf_pair(seed=0, **kw):
-    transformers = pytest.importorskip("transformers")
+    transformers = import_hf("transformers")
     cfg = hf_config(**kw)
     hf = noisy(transformers.GPT2LMHeadModel(cfg), seed)
     ours = load_hf_gpt2(GPT(GPTConfig.from_hf(cfg)).double().eval(), hf)
@@ -141,26 +141,26 @@ def test_load_hf_gpt2_refuses_a_model_that_is_not_a_gpt():
 @pytest.mark.parametrize("field, value", [("n_embd", 16), ("vocab_size", V + 10), ("n_inner", 48),
                                           ("n_positions", 16)])
 def test_load_hf_gpt2_refuses_other_sizes(field, value):
-    transformers = pytest.importorskip("transformers")
+    transformers = import_hf("transformers")
     hf = transformers.GPT2LMHeadModel(hf_config(**{field: value}))
     with pytest.raises(ValueError, match="hf_model does not have our sizes"):
         load_hf_gpt2(GPT(GPTConfig.from_hf(hf_config())), hf)
 
 
 def test_load_hf_gpt2_refuses_more_layers_than_ours():
-    transformers = pytest.importorskip("transformers")
+    transformers = import_hf("transformers")
     with pytest.raises(ValueError, match="hf_model"):
         load_hf_gpt2(GPT(GPTConfig.from_hf(hf_config())), transformers.GPT2LMHeadModel(hf_config(n_layer=3)))
 
 
 def test_load_hf_gpt2_refuses_fewer_layers_than_ours():
-    transformers = pytest.importorskip("transformers")
+    transformers = import_hf("transformers")
     with pytest.raises(ValueError, match="hf_model"):
         load_hf_gpt2(GPT(GPTConfig.from_hf(hf_config(n_layer=3))), transformers.GPT2LMHeadModel(hf_config()))
 
 
 def test_load_hf_gpt2_refuses_a_gpt2_model_without_lm_head():
-    transformers = pytest.importorskip("transformers")
+    transformers = import_hf("transformers")
     with pytest.raises(ValueError, match="hf_model"):
         load_hf_gpt2(GPT(GPTConfig.from_hf(hf_config())), transformers.GPT2Model(hf_config()))
 
@@ -384,7 +384,7 @@ def test_train_and_heldout_modules_are_disjoint_and_present():
 
 
 def test_byte_level_bpe_round_trips_heldout_modules():
-    tokenizers = pytest.importorskip("tokenizers")
+    tokenizers = import_hf("tokenizers")
     tok = tokenizers.ByteLevelBPETokenizer()
     tok.train_from_iterator(list(stdlib_sources(TRAIN_MODULES[:4]).values()), vocab_size=300,
                             show_progress=False)

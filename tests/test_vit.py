@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import assert_download_fails, max_diff, noisy, randomize
+from helpers import assert_download_fails, import_hf, max_diff, noisy, randomize
 
 from transformer_lib.vit import ViT, ViTConfig, image_batches, load_hf_vit, patchify, shifted, unpatchify
 
@@ -113,14 +113,14 @@ def test_patchify_and_unpatchify_refuse_bad_shapes():
 # ---------------------------------------------------------------- equality with Hugging Face
 
 def hf_config(**kw):
-    transformers = pytest.importorskip("transformers")
+    transformers = import_hf("transformers")
     return transformers.ViTConfig(**{"image_size": 8, "patch_size": 2, "num_channels": 3, "hidden_size": 32,
                                      "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64,
                                      "num_labels": 10, "attn_implementation": "sdpa", **kw})
 
 
 def hf_pair(hf_class_name, num_classes, seed=0, **kw):
-    transformers = pytest.importorskip("transformers")
+    transformers = import_hf("transformers")
     cfg = hf_config(**kw)
     hf = noisy(getattr(transformers, hf_class_name)(cfg), seed)
     ours = load_hf_vit(ViT(ViTConfig.from_hf(cfg, num_classes)).double().eval(), hf)
@@ -173,7 +173,7 @@ def test_load_hf_vit_copies_the_weights():
 
 
 def test_load_hf_vit_refuses_a_model_of_the_other_kind():
-    transformers = pytest.importorskip("transformers")
+    transformers = import_hf("transformers")
     cfg = hf_config()
     with pytest.raises(ValueError, match=r"(?s)ViTModel into one with num_classes=0.*got ViTModel and num_classes=10"):
         load_hf_vit(ViT(ViTConfig.from_hf(cfg, 10)), transformers.ViTModel(cfg))
@@ -189,14 +189,14 @@ def test_load_hf_vit_refuses_a_model_of_the_other_kind():
                                           ("num_channels", 1), ("num_labels", 7), ("image_size", 16),
                                           ("num_hidden_layers", 3)])
 def test_load_hf_vit_refuses_other_sizes(field, value):
-    transformers = pytest.importorskip("transformers")
+    transformers = import_hf("transformers")
     hf = transformers.ViTForImageClassification(hf_config(**{field: value}))
     with pytest.raises(ValueError, match=r"(?s)hf_model.*ViTConfig\.from_hf"):
         load_hf_vit(ViT(ViTConfig.from_hf(hf_config(), 10)), hf)
 
 
 def test_load_hf_vit_refuses_fewer_layers_than_ours():
-    transformers = pytest.importorskip("transformers")
+    transformers = import_hf("transformers")
     with pytest.raises(ValueError, match=r"hf_model has no"):
         load_hf_vit(ViT(ViTConfig.from_hf(hf_config(num_hidden_layers=3), 0)), transformers.ViTModel(hf_config()))
 
