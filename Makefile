@@ -4,31 +4,56 @@
 PYTHON     ?= $(shell command -v python3.11 || command -v python3)
 VENV       := .venv
 BIN        := $(VENV)/bin
-# torch is installed on its own, first: a bare `torch` requirement would pull a multi-GB CUDA build.
-# On a machine with a GPU, e.g.: make test TORCH_SPEC="torch" (or any wheel/index you prefer).
+# torch is installed on its own, first, from TORCH_SPEC (pip arguments: a requirement, and options if needed).
+# On Linux the Package Index's torch wheel is the CUDA build, ~3 GB with its nvidia-* packages; PyTorch's CPU-only
+# index avoids that: make venv TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu".
 TORCH_SPEC ?= torch==2.13.0
+# The lock: exact versions of everything else (see tools/lock.py). `make lock` regenerates it.
+LOCK       := constraints.txt
+FLOOR_LOCK := constraints-floor.txt
+PIP        := $(BIN)/python -m pip install -q -c $(LOCK)
 NBVAL      := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg
 JOBS       ?= 2
 TIMED      := tools/timed
 # Part III builds Hugging Face models from configs only: any attempt to reach the Hub fails instead of downloading.
 export HF_HUB_OFFLINE := 1
 
-.PHONY: help venv export sync-check lint test-lib test-notebooks test-notebooks-other-cpu book book-stored test-browser test test-gpu bench clean
+.PHONY: help venv lock lock-floor lock-check export sync-check lint test-lib test-notebooks test-notebooks-other-cpu \
+        book book-stored test-browser test test-fast test-floor test-gpu bench clean
 
 help:
 	@echo "make book   execute every chapter and build the HTML book into _build/html/ (open _build/html/index.html)"
 	@echo "make test   sync check, lint, library tests, nbval on every chapter, strict book build, browser check"
 	@echo "make export re-export transformer_lib/ from the chapters' #| export cells"
 	@echo "make bench  the book's performance as ratios measured in one run (prints a table, writes _build/bench.json)"
+	@echo "make test-fast  sync check, lint, library tests (no registry), nbval of the chapters that do not train"
+	@echo "make test-floor library tests in .venv-floor, on the oldest versions pyproject.toml declares"
+	@echo "make lock   re-resolve requirements.txt and the dev tools into constraints.txt, in a fresh virtualenv"
 
-$(VENV)/.installed: requirements.txt pyproject.toml
+# Everything from the lock. (The uninstall removes the package's old distribution name, transformer_lib, from a
+# .venv made before the rename; the chapters' setup cells refuse a foreign distribution of the module.)
+$(VENV)/.installed: requirements.txt pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -r requirements.txt
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(PIP) $(TORCH_SPEC)
+	$(PIP) -r requirements.txt
+	$(BIN)/python -m pip uninstall -q -y transformer_lib 2>/dev/null; rm -rf transformer_lib.egg-info
+	$(PIP) -e ".[dev]"
 	touch $@
 
 venv: $(VENV)/.installed
+
+# Re-resolve the ranges of requirements.txt and pyproject.toml (today's newest releases) in a fresh virtualenv and
+# write them to constraints.txt. Then re-execute the chapters (stored outputs) and run make test.
+lock:
+	rm -rf _build/lock-venv && mkdir -p _build && $(PYTHON) -m venv _build/lock-venv
+	_build/lock-venv/bin/python -m pip install -q $(TORCH_SPEC)
+	_build/lock-venv/bin/python -m pip install -q -r requirements.txt ".[dev]"
+	_build/lock-venv/bin/python tools/lock.py freeze > $(LOCK)
+	rm -rf _build/lock-venv
+	@echo "wrote $(LOCK); now: rm -rf .venv && make venv, re-execute the chapters, make test"
+
+lock-check: venv
+	@$(BIN)/python tools/lock.py check --torch "$(TORCH_SPEC)"
 
 export: venv
 	$(BIN)/python tools/export.py
@@ -44,6 +69,42 @@ lint: venv
 
 test-lib: venv
 	$(BIN)/pytest tests -n $(JOBS) --ignore=tests/test_browser.py
+
+# The quick loop for contributors: no registry, no training chapter, no book build (see CONTRIBUTING.md).
+test-fast: venv
+	@mkdir -p _build && : > _build/stage-times.txt
+	@$(MAKE) --no-print-directory lock-check
+	$(TIMED) "sync check" $(MAKE) --no-print-directory sync-check
+	$(TIMED) "lint" $(MAKE) --no-print-directory lint
+	$(TIMED) "library tests" $(BIN)/pytest tests -n $(JOBS) -m "not registry" --ignore=tests/test_browser.py
+	$(TIMED) "nbval (no training)" $(BIN)/pytest $(NBVAL) $(filter-out $(TRAINING_NBS),$(wildcard chapters/*.ipynb)) \
+	    -n $(JOBS) --dist loadfile
+	@cat _build/stage-times.txt
+
+# The oldest versions the package declares (pyproject.toml's `>=` floors, torch excepted: see CONTRIBUTING.md),
+# fully pinned in constraints-floor.txt, in their own virtualenv; the library tests only (no notebooks: their
+# stored outputs belong to the lock's versions). `make lock-floor` regenerates constraints-floor.txt.
+FLOOR_VENV   := .venv-floor
+FLOOR_TOOLS  := pytest pytest-xdist hypothesis nbformat pyyaml
+FLOOR_IGNORE := --ignore=tests/test_browser.py --ignore=tests/test_export.py --ignore=tests/test_book_structure.py \
+                --ignore=tests/test_nbval_sanitize.py
+$(FLOOR_VENV)/.installed: pyproject.toml $(FLOOR_LOCK)
+	rm -rf $(FLOOR_VENV) && $(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_VENV)/bin/python -m pip install -q -c $(FLOOR_LOCK) $(TORCH_SPEC)
+	$(FLOOR_VENV)/bin/python -m pip install -q -c $(FLOOR_LOCK) -e ".[book]" $(FLOOR_TOOLS)
+	touch $@
+
+test-floor: $(FLOOR_VENV)/.installed
+	$(FLOOR_VENV)/bin/python tools/lock.py check --lock $(FLOOR_LOCK) --torch "$(TORCH_SPEC)"
+	$(FLOOR_VENV)/bin/python -m pytest tests -n $(JOBS) -m "not registry" $(FLOOR_IGNORE) -q
+
+lock-floor:
+	rm -rf _build/floor-venv && mkdir -p _build && $(PYTHON) -m venv _build/floor-venv
+	$(PYTHON) tools/lock.py floors > _build/floors.txt
+	_build/floor-venv/bin/python -m pip install -q -c _build/floors.txt $(TORCH_SPEC)
+	_build/floor-venv/bin/python -m pip install -q -c _build/floors.txt ".[book]" $(FLOOR_TOOLS)
+	_build/floor-venv/bin/python tools/lock.py freeze --floor > $(FLOOR_LOCK)
+	rm -rf _build/floor-venv
 
 # Strict nbval: every stored output must equal what the current code prints (volatile text sanitized).
 # The chapters that train for minutes with both CPU threads (8, 11, 12, 13) run one after the other, after the rest:
@@ -82,6 +143,7 @@ test-browser: venv
 
 test: venv
 	@mkdir -p _build && : > _build/stage-times.txt
+	@$(MAKE) --no-print-directory lock-check
 	$(TIMED) "sync check" $(MAKE) --no-print-directory sync-check
 	$(TIMED) "lint" $(MAKE) --no-print-directory lint
 	$(TIMED) "library tests" $(MAKE) --no-print-directory test-lib

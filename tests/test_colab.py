@@ -1,13 +1,20 @@
-"""The Colab path, offline: a fresh virtualenv holding only what Colab preinstalls (torch, numpy, matplotlib)
-runs Chapter 1 top to bottom; its setup cell installs transformer_lib (from this clone instead of GitHub,
-through the TRANSFORMER_LIB_SOURCE override) and everything after it works.
+"""Installs as a reader makes them, each in a fresh virtualenv:
 
-Slow (about a minute: it installs torch into the new environment); skip it with `-m "not colab"`."""
+- the Colab path: an environment holding only what Colab preinstalls (torch, numpy, matplotlib) runs Chapter 1
+  top to bottom; its setup cell installs transformer-textbook (from this clone instead of GitHub, through the
+  TRANSFORMER_LIB_SOURCE override) and everything after it works;
+- a plain `pip install` of the built wheel (no extras): `python -m transformer_lib.train` works.
+
+torch comes from the same local wheel as ours (no multi-GB download), but the other packages come from the
+package registry: these tests need it (marker `registry`; `make test-fast` leaves them out). Each takes about a
+minute."""
 
 import json
 import os
 import subprocess
+import sys
 import textwrap
+import tomllib
 import venv
 from pathlib import Path
 
@@ -16,7 +23,8 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.colab
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+pytestmark = pytest.mark.registry
 
 
 def chapter_as_script(path: Path) -> str:
@@ -32,15 +40,28 @@ def chapter_as_script(path: Path) -> str:
     return "\n".join(parts)
 
 
+def fresh_python(directory: Path, *packages: str) -> Path:
+    """A new virtualenv with the same torch as ours (no multi-GB download) and `packages`."""
+    venv.EnvBuilder(with_pip=True).create(directory)
+    python = directory / "bin" / "python"
+    torch_version = torch.__version__.split("+")[0]
+    subprocess.run([python, "-m", "pip", "install", "-q", f"torch=={torch_version}", *packages], check=True)
+    return python
+
+
+def clean_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV", "TRANSFORMER_LIB_SOURCE"}}
+
+
+def installed_names(python: Path) -> dict[str, str]:
+    out = subprocess.run([python, "-m", "pip", "list", "--format=json"], capture_output=True, text=True,
+                         check=True).stdout
+    return {p["name"].lower().replace("_", "-"): p["version"] for p in json.loads(out)}
+
+
 @pytest.fixture(scope="module")
 def colab_python(tmp_path_factory):
-    env_dir = tmp_path_factory.mktemp("colab") / "venv"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
-    python = env_dir / "bin" / "python"
-    torch_version = torch.__version__.split("+")[0]        # the same torch as ours: no multi-GB download
-    subprocess.run([python, "-m", "pip", "install", "-q", f"torch=={torch_version}", "numpy", "matplotlib"],
-                   check=True)
-    return python
+    return fresh_python(tmp_path_factory.mktemp("colab") / "venv", "numpy", "matplotlib")
 
 
 def test_chapter_1_runs_in_a_fresh_colab_like_environment(colab_python, tmp_path):
@@ -49,20 +70,43 @@ def test_chapter_1_runs_in_a_fresh_colab_like_environment(colab_python, tmp_path
                           check=True).stdout.strip() == "False"
     script = tmp_path / "chapter.py"
     script.write_text(chapter_as_script(ROOT / "chapters" / "01_attention.ipynb"))
-    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
+    env = clean_env()
     env["TRANSFORMER_LIB_SOURCE"] = ROOT.as_uri()           # file:///path/to/clone instead of GitHub
     result = subprocess.run([colab_python, script.name], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "check_attention: all 8 cases match the reference" in result.stdout
-    # the setup cell installed the package (not an editable link to the clone) with the book's extras
-    show = subprocess.run([colab_python, "-m", "pip", "list", "--format=json"], capture_output=True, text=True,
-                          check=True).stdout
-    names = {p["name"].lower().replace("_", "-") for p in json.loads(show)}
-    assert {"transformer-lib", "num2words", "sacrebleu", "tqdm"} <= names
+    # the setup cell installed the book's library, under its own name and at the chapter's release, with the
+    # book's extras (and not PyPI's unrelated transformer-lib)
+    names = installed_names(colab_python)
+    assert names.get("transformer-textbook") == PYPROJECT["version"]
+    assert "transformer-lib" not in names
+    assert {"num2words", "sacrebleu", "tqdm", "transformers"} <= set(names)
     # once the library is importable the setup cell does nothing: with a source pip could not install from,
     # it still succeeds, because it never calls pip
     setup_only = chapter_as_script(ROOT / "chapters" / "01_attention.ipynb").split("# --- cell 2")[0]
     env["TRANSFORMER_LIB_SOURCE"] = (tmp_path / "no-such-directory").as_uri()
     again = subprocess.run([colab_python, "-c", setup_only], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
+
+
+def test_the_cli_works_after_a_plain_install_of_the_wheel(tmp_path):
+    wheels = tmp_path / "wheels"
+    # the wheel, built from this clone with the build tools already in our environment (no download)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", wheels,
+                    ROOT], check=True, capture_output=True)
+    (wheel,) = wheels.glob("transformer_textbook-*.whl")
+    python = fresh_python(tmp_path / "venv", str(wheel))
+    names = installed_names(python)
+    assert names.get("transformer-textbook") == PYPROJECT["version"]
+    assert not {"matplotlib", "transformers", "sacrebleu"} & set(names), "a plain install pulls no extras"
+    run = dict(cwd=tmp_path, env=clean_env(), capture_output=True, text=True)
+    help_ = subprocess.run([python, "-m", "transformer_lib.train", "--help"], **run)
+    assert help_.returncode == 0 and "--task" in help_.stdout, help_.stderr
+    for task in ("translate", "gpt"):
+        args = ["--task", task, "--steps", "3", "--batch-size", "8", "--d-model", "16", "--heads", "2",
+                "--d-ff", "32", "--layers", "1", "--numbers", "300", "--valid", "20", "--context", "16",
+                "--text-chars", "20000", "--no-progress", "--device", "cpu"]
+        result = subprocess.run([python, "-m", "transformer_lib.train", *args], **run)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert f"{task}: step 3/3 on 1 process(es)" in result.stdout, result.stdout

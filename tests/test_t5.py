@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import assert_download_fails, max_diff, noisy, randomize
+from helpers import assert_download_fails, import_hf, max_diff, noisy, randomize
 
 from transformer_lib.bert import IGNORE_INDEX
 from transformer_lib.exercises.t5 import check_buckets
@@ -138,7 +138,7 @@ SIZES = [(32, 128), (16, 64), (8, 20), (64, 512), (4, 9), (12, 100)]
 @pytest.mark.parametrize("bidirectional", [True, False], ids=["encoder", "decoder"])
 @pytest.mark.parametrize("num_buckets, max_distance", SIZES)
 def test_relative_position_bucket_equals_transformers(bidirectional, num_buckets, max_distance):
-    pytest.importorskip("transformers")
+    import_hf("transformers")
     from transformers.models.t5.modeling_t5 import T5Attention as HFT5Attention
     offsets = torch.arange(-1000, 1001)
     ours = relative_position_bucket(offsets, bidirectional, num_buckets, max_distance)
@@ -285,7 +285,7 @@ def test_t5_attention_refuses_a_bias_of_another_dtype():
 # ---------------------------------------------------------------- equality with Hugging Face
 
 def hf_config(**kw):
-    transformers = pytest.importorskip("transformers")
+    transformers = import_hf("transformers")
     return transformers.T5Config(**{"vocab_size": 64, "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 2,
                                     "num_decoder_layers": 3, "num_heads": 4, "relative_attention_num_buckets": 8,
                                     "relative_attention_max_distance": 20, "dropout_rate": 0.0,
@@ -293,7 +293,7 @@ def hf_config(**kw):
 
 
 def hf_pair(seed=0, **kw):
-    transformers = pytest.importorskip("transformers")
+    transformers = import_hf("transformers")
     cfg = hf_config(**kw)
     hf = noisy(transformers.T5ForConditionalGeneration(cfg), seed)
     ours = load_hf_t5(T5(T5Config.from_hf(cfg)).double().eval(), hf)
@@ -313,6 +313,17 @@ def statistic_in_float64(hf):
     for module in norms:
         module.forward = types.MethodType(rms_norm_in_input_dtype, module)  # this instance only
     return hf
+
+
+def hf_tolerance():
+    """How close float64 can get to Hugging Face's T5. Before transformers 5.15 its attention took the softmax in
+    float32 (`softmax(scores.float()).type_as(scores)`), which no patch of ours can undo: against those releases
+    (the floor, `make test-floor`) the models agree to about 5e-7, not 1e-15. A wrong weight or mask is off by
+    far more than either bound."""
+    from packaging.version import Version
+
+    old = Version(import_hf("transformers").__version__) < Version("5.15")
+    return 1e-5 if old else 1e-10
 
 
 def seq2seq_batch(seed, V=64, S=25, T=22):
@@ -347,16 +358,18 @@ def test_t5_equals_hugging_face_with_padding_and_ignored_labels():
         assert logits.dtype == DT and logits.shape == (3, 22, 64)
         return max_diff(logits, ref.logits), abs(seq2seq_loss(logits, labels).item() - ref.loss.item())
 
+    tol = hf_tolerance()
     as_shipped = compare()                                                  # their statistic in float32
     assert as_shipped[0] < 1e-5 and as_shipped[1] < 1e-5
     statistic_in_float64(hf)
     diff_logits, diff_loss = compare()
-    assert diff_logits < 1e-10 and diff_loss < 1e-10
-    assert as_shipped[0] > 1e3 * diff_logits                               # the float32 statistic was the gap
+    assert diff_logits < tol and diff_loss < tol
+    if tol < 1e-5:
+        assert as_shipped[0] > 1e3 * diff_logits                           # the float32 statistic was the gap
     with torch.no_grad():                                                   # the encoders agree too
         memory, mask = ours.encode(src)
         want = hf.encoder(input_ids=src, attention_mask=real.long()).last_hidden_state
-        assert max_diff(memory[real], want[real]) < 1e-10
+        assert max_diff(memory[real], want[real]) < tol
         assert mask.shape == (3, 1, 1, 25) and torch.equal(mask[:, 0, 0], real)
         unmasked = hf(input_ids=src, labels=labels).logits                 # and the padding does matter
     assert max_diff(ours(src, shift_right(labels)), unmasked) > 1e-3
@@ -369,7 +382,7 @@ def test_t5_with_equal_stacks_equals_hugging_face_decoder_start_and_sizes():
     with torch.no_grad():
         ref = hf(input_ids=src, attention_mask=(src != PAD).long(), decoder_input_ids=shift_right(labels)).logits
         assert torch.equal(hf._shift_right(labels), shift_right(labels))   # their shift is ours
-        assert max_diff(ours(src, shift_right(labels)), ref) < 1e-10
+        assert max_diff(ours(src, shift_right(labels)), ref) < hf_tolerance()
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in hf.parameters())
 
 
@@ -392,7 +405,7 @@ def test_load_hf_t5_copies_the_weights_by_name():
 
 
 def test_load_hf_t5_refuses_other_models():
-    transformers = pytest.importorskip("transformers")
+    transformers = import_hf("transformers")
     ours = T5(T5Config.from_hf(hf_config()))
     with pytest.raises(ValueError, match=r"model must be a T5"):
         load_hf_t5(nn.Linear(2, 2), transformers.T5ForConditionalGeneration(hf_config()))
@@ -413,7 +426,7 @@ def test_load_hf_t5_refuses_other_models():
     ("num_decoder_layers", 2, r"hf_model has no"),
 ])
 def test_load_hf_t5_refuses_other_sizes(field, value, phrase):
-    transformers = pytest.importorskip("transformers")
+    transformers = import_hf("transformers")
     hf = transformers.T5ForConditionalGeneration(hf_config(**{field: value}))
     with pytest.raises(ValueError, match=rf"(?s){phrase}.*T5Config\.from_hf"):
         load_hf_t5(T5(T5Config.from_hf(hf_config())), hf)

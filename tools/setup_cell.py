@@ -1,15 +1,20 @@
-"""The first code cell of every chapter, generated from the repository URL in ``_config.yml``.
+"""The first code cell of every chapter, generated from ``_config.yml`` and ``pyproject.toml``.
 
-On Colab a chapter opens alone, without the repository, so its first cell must install ``transformer_lib``.
-The URL it installs from is the one in ``_config.yml`` (the same one the Colab button uses), so it is kept
-in one place: change it there and run ``python tools/setup_cell.py --write``. The test suite fails when a
-chapter's setup cell differs from what this script generates.
+On Colab a chapter opens alone, without the repository, so its first cell must install the book's library.
+It recognises the library by its distribution name (``transformer-textbook``) and version, never by the
+module name ``transformer_lib`` alone (the Package Index holds an unrelated ``transformer-lib`` whose module
+has the same name), and installs the release the chapter was written with: the git tag ``v<version>`` of the
+repository in ``_config.yml`` (the same URL the Colab button uses). A local clone's editable install
+(``make venv``) has that version already, so there the cell does nothing. After changing the URL or the
+version run ``python tools/setup_cell.py --write``; the test suite fails when a chapter's setup cell differs
+from what this script generates.
 
 The environment variable ``TRANSFORMER_LIB_SOURCE`` overrides the source (a ``file:///path/to/clone`` or
-any pip URL); ``tests/test_colab.py`` uses it to run a chapter in a fresh virtualenv without the network.
+any pip URL); ``tests/test_colab.py`` uses it to run a chapter in a fresh virtualenv without GitHub.
 """
 
 import sys
+import tomllib
 from pathlib import Path
 
 import nbformat
@@ -19,13 +24,21 @@ ROOT = Path(__file__).resolve().parent.parent
 FIRST_LINE = "# Setup: on Colab, install this book's library; on a local clone, do nothing."
 
 TEMPLATE = '''{first_line}
-import importlib.util, os, subprocess, sys
+import importlib.metadata as md, os, subprocess, sys
 
-if importlib.util.find_spec("transformer_lib") is None:  # not installed: Colab or similar
-    repository = "git+{url}.git"
-    source = os.environ.get("TRANSFORMER_LIB_SOURCE", repository)
-    requirement = f"transformer_lib[book] @ {{source}}"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", requirement], check=True)'''
+LIBRARY, RELEASE = "{name}", "{version}"  # the release this chapter was written with
+REPOSITORY = "git+{url}.git"
+others = [d for d in md.packages_distributions().get("transformer_lib", []) if d != LIBRARY]
+if others:  # a module of the same name from another project
+    raise RuntimeError(f"transformer_lib here comes from {{others}}, not this book: pip uninstall {{others[0]}}")
+try:
+    installed = md.version(LIBRARY)
+except md.PackageNotFoundError:  # Colab, or any environment without the book's library
+    installed = None
+if installed != RELEASE:  # install the release that matches this chapter (tag v<RELEASE>)
+    source = os.environ.get("TRANSFORMER_LIB_SOURCE", f"{{REPOSITORY}}@v{{RELEASE}}")
+    requirement = f"{{LIBRARY}}[book] @ {{source}}"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--upgrade", requirement], check=True)'''
 
 
 def repository_url() -> str:
@@ -33,8 +46,15 @@ def repository_url() -> str:
     return config["repository"]["url"].rstrip("/")
 
 
+def distribution() -> tuple[str, str]:
+    """(name, version) of the package, from pyproject.toml."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    return project["name"], project["version"]
+
+
 def setup_cell_source() -> str:
-    return TEMPLATE.format(first_line=FIRST_LINE, url=repository_url())
+    name, version = distribution()
+    return TEMPLATE.format(first_line=FIRST_LINE, url=repository_url(), name=name, version=version)
 
 
 def find_setup_cells(nb) -> list[int]:
