@@ -362,12 +362,14 @@ def test_fit_reduces_the_loss_and_predict():
     losses = history["loss"]
     assert len(losses) == 60 and all(isinstance(v, float) for v in losses)
     assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10 - 0.1
-    assert not model.training                                           # fit leaves eval mode
+    assert model.training                                               # fit leaves the mode it was given
     predicted = predict(model, tokens, batch_size=64)
     assert predicted.shape == (300,) and predicted.dtype == torch.long and predicted.device.type == "cpu"
     assert predicted.min() >= 0 and predicted.max() < len(CLASSES)
+    assert model.training                                               # predict restores the caller's mode
     with torch.no_grad():
-        torch.testing.assert_close(predicted, model(tokens).argmax(-1), rtol=0, atol=0)
+        torch.testing.assert_close(predicted, model.eval()(tokens).argmax(-1), rtol=0, atol=0)
+    assert predict(model, tokens[:5]).shape == (5,) and not model.training
     assert (predicted == labels).double().mean() > 1 / len(CLASSES)      # better than chance already
     assert predict(model, tokens[:0]).shape == (0,)
 

@@ -110,7 +110,7 @@ def test_loglog_slope():
     (lambda: count_flops("model"), "fn"),
     (lambda: saved_tensor_bytes(None), "fn"),
     (lambda: loglog_slope([1, 1], [2, 3]), "xs"),
-    (lambda: loglog_slope([1, 2], [0, 3]), "xs"),
+    (lambda: loglog_slope([1, 2], [0, 3]), "ys"),             # names the list that holds the 0
 ])
 def test_bad_inputs_raise_value_error_naming_the_argument(call, argument):
     with pytest.raises(ValueError, match=argument):

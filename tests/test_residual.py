@@ -163,11 +163,12 @@ def test_layer_norm_does_not_depend_on_the_batch_but_batch_norm_does():
     (dict(d_model=0), "d_model must be an int >= 1, got 0"),
     (dict(d_model=16.0), "d_model must be an int >= 1, got float 16.0"),
     (dict(d_model=False), "d_model must be an int >= 1, got bool False"),
-    (dict(d_model=16, eps=0.0), r"eps must lie in \(0, inf\], got 0.0"),
-    (dict(d_model=16, eps=-1e-5), r"eps must lie in \(0, inf\]"),
+    (dict(d_model=16, eps=0.0), r"eps must lie in \(0, inf\), got 0.0"),
+    (dict(d_model=16, eps=-1e-5), r"eps must lie in \(0, inf\)"),
     (dict(d_model=16, eps="1e-5"), "eps must be a number, got str"),
     (dict(d_model=16, eps=True), "eps must be a number, got bool True"),
-    (dict(d_model=16, eps=float("nan")), r"eps must lie in \(0, inf\], got nan"),
+    (dict(d_model=16, eps=float("nan")), r"eps must lie in \(0, inf\), got nan"),
+    (dict(d_model=16, eps=float("inf")), r"eps must lie in \(0, inf\), got inf"),     # the output would be the bias
 ])
 def test_layer_norm_constructor_value_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -223,10 +223,14 @@ def test_generate_fills_max_len_exactly_and_refuses_one_more():
         generate(model, prompt, 9)
 
 
-def test_generate_puts_the_model_in_eval_mode():
-    model = random_gpt(seed=28).train()
-    generate(model, prompt_ids(1, 2, seed=29), 1)
+def test_generate_runs_in_eval_mode_and_restores_the_callers_mode():
+    model = random_gpt(seed=28)                                              # dropout 0.1
+    prompt = prompt_ids(2, 4, seed=29)
+    want = generate(model.eval(), prompt, 6, temperature=0)
     assert not model.training
+    got = generate(model.train(), prompt, 6, temperature=0)
+    assert model.training                                                    # the caller's mode, restored
+    assert torch.equal(got, want)                                            # but no dropout while generating
 
 
 def test_generate_value_errors():

@@ -6,6 +6,7 @@ __all__ = ['IGNORE_INDEX', 'BertConfig', 'BertEmbeddings', 'init_bert_weights', 
 
 # %% ../chapters/10_encoder_only.ipynb #c030
 import dataclasses
+import math
 
 import torch
 import torch.nn as nn
@@ -15,7 +16,8 @@ from .attention import padding_mask
 from .encoder import Encoder
 from .feed_forward import ACTIVATIONS
 from .residual import LayerNorm
-from .validation import check_float, check_int, check_probability, check_tensor, check_token_ids, describe
+from .validation import (check_bool, check_float, check_int, check_probability, check_tensor,
+                                        check_token_ids, describe)
 
 # %% ../chapters/10_encoder_only.ipynb #c031
 @dataclasses.dataclass
@@ -39,7 +41,7 @@ class BertConfig:
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "max_len", "type_vocab_size"):
             check_int(name, getattr(self, name))
         check_probability("dropout", self.dropout)
-        check_float("eps", self.eps, low_open=True)
+        check_float("eps", self.eps, 0.0, math.inf, low_open=True, high_open=True)   # inf: the output = the bias
         if check_int("pad_id", self.pad_id, 0) >= self.vocab_size:
             raise ValueError(f"pad_id must lie in [0, vocab_size) = [0, {self.vocab_size}), got {self.pad_id}")
         if self.d_model % self.num_heads:
@@ -110,6 +112,7 @@ class BertModel(nn.Module):
     forward(input_ids (B, S), segment_ids (B, S) or None, mask=None, need_weights=False)
         -> (hidden (B, S, d_model), pooled (B, d_model) or None without a pooler).
     mask: bool (B|1, h|1, S|1, S), True = may attend; None masks the padding (input_ids == config.pad_id).
+    S = 0 is accepted only without a pooler (the pooler reads position 0, [CLS]).
     """
 
     def __init__(self, config: BertConfig, add_pooler: bool = True):
@@ -123,12 +126,16 @@ class BertModel(nn.Module):
         for module in self.encoder.modules():                         # BERT's LayerNorms use eps = 1e-12
             if isinstance(module, LayerNorm):
                 module.eps = config.eps
-        self.pooler = nn.Linear(config.d_model, config.d_model) if add_pooler else None
+        self.pooler = nn.Linear(config.d_model, config.d_model) if check_bool("add_pooler", add_pooler) else None
         self.apply(init_bert_weights)
 
 
     def forward(self, input_ids, segment_ids=None, mask=None, need_weights: bool = False):
         x = self.embeddings(input_ids, segment_ids)                   # (B, S, d_model); checks input_ids
+        check_bool("need_weights", need_weights)
+        if self.pooler is not None and x.size(1) == 0:
+            raise ValueError("input_ids has S=0 positions, but the pooler reads position 0 ([CLS]): give every row "
+                             "at least one token, or build BertModel(config, add_pooler=False)")
         if mask is None:
             mask = padding_mask(input_ids, self.config.pad_id)        # (B, 1, 1, S)
         hidden = self.encoder(x, mask, need_weights)                  # (B, S, d_model)
@@ -232,11 +239,18 @@ def mask_tokens(input_ids, mask_id: int, vocab_size: int, special_ids=(0,), mask
 
     input_ids (B, S) -> (inputs (B, S), labels (B, S)): labels hold the original id at chosen positions and
     IGNORE_INDEX elsewhere, so the loss is computed on the chosen positions only."""
+    check_int("vocab_size", vocab_size)
     check_token_ids("input_ids", input_ids, vocab_size)
     if check_int("mask_id", mask_id, 0) >= vocab_size:
         raise ValueError(f"mask_id must lie in [0, vocab_size) = [0, {vocab_size}), got {mask_id}")
     check_float("mask_prob", mask_prob, 0.0, 1.0)
-    special = torch.tensor(sorted({check_int("special_ids", int(s), 0) for s in special_ids} | {mask_id}))
+    if not isinstance(special_ids, (list, tuple, set, frozenset, range)):
+        raise ValueError(f"special_ids must be a list or tuple of token ids, got {describe(special_ids)}")
+    for s in special_ids:                                    # 2.7 is not an id: never truncated to 2
+        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < vocab_size:
+            raise ValueError(f"special_ids must hold int ids in [0, vocab_size) = [0, {vocab_size}), got "
+                             f"{describe(s)} in {special_ids!r}")
+    special = torch.tensor(sorted(set(special_ids) | {mask_id}))
     regular = torch.tensor([i for i in range(vocab_size) if i not in set(special.tolist())])
     if regular.numel() == 0:
         raise ValueError(f"special_ids and mask_id leave no regular token in a vocabulary of {vocab_size}")
@@ -257,6 +271,11 @@ def mlm_loss(logits, labels):
     check_tensor("logits", logits, dim=3, floating=True, shape_text="(B, S, V)")
     if not isinstance(labels, torch.Tensor) or labels.shape != logits.shape[:2]:
         raise ValueError(f"labels must have shape (B, S) = {tuple(logits.shape[:2])}, got {describe(labels)}")
+    check_tensor("labels", labels, floating=False)
+    V = logits.size(-1)
+    if ((labels != IGNORE_INDEX) & ((labels < 0) | (labels >= V))).any():
+        raise ValueError(f"labels must hold token ids in [0, {V - 1}] or IGNORE_INDEX ({IGNORE_INDEX}), got values "
+                         f"from {int(labels.min())} to {int(labels.max())}")
     if not (labels != IGNORE_INDEX).any():
         return logits.sum() * 0.0
     return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)

@@ -5,6 +5,7 @@ __all__ = ['PAD_ID', 'CLS_ID', 'MASK_ID', 'NUM_LEVELS', 'VOCAB_SIZE', 'CLASSES',
            'SequenceClassifier', 'random_batches', 'fit', 'classification_loss', 'predict']
 
 # %% ../chapters/10_encoder_only.ipynb #c004
+import math
 import time
 
 import torch
@@ -91,11 +92,15 @@ def pool(hidden, keep, method: str = "mean"):
         raise ValueError(f"keep must be a bool tensor of shape (B, S) = {tuple(hidden.shape[:2])}, True at real "
                          f"tokens, got {describe(keep)}")
     if method == "cls":
+        if hidden.size(1) == 0:
+            raise ValueError("hidden has S=0 positions: method='cls' reads position 0, the [CLS] token's output")
         return hidden[:, 0]                                          # (B, d_model)
     real = keep[..., None]                                           # (B, S, 1)
     if method == "mean":
         return (hidden * real).sum(1) / real.sum(1).clamp(min=1)     # padding adds 0 and is not counted
     if method == "max":
+        if hidden.size(1) == 0:                                      # S = 0: no real token anywhere
+            return hidden.new_zeros(hidden.size(0), hidden.size(2))
         top = hidden.masked_fill(~real, float("-inf")).amax(1)       # padding can never be the max
         return torch.where(keep.any(1, keepdim=True), top, torch.zeros_like(top))
     raise ValueError(f"method must be one of {', '.join(map(repr, POOLINGS))}, got {method!r}")
@@ -105,7 +110,8 @@ class SequenceClassifier(nn.Module):
     """An encoder-only Transformer that maps a token sequence to class logits:
     tokens -> embedding (+ positional encoding) -> Encoder -> pool -> Linear.
 
-    pooling: "cls" prepends a [CLS] token (cls_id) and reads its output; "mean" / "max" pool the real positions.
+    pooling: "cls" prepends a [CLS] token (cls_id, which must differ from pad_id) and reads its output;
+    "mean" / "max" pool the real positions (a row without any, e.g. S = 0, pools to zeros).
     positional: add the sinusoidal encoding of Chapter 3 (False: the model sees a bag of tokens).
     Pre-norm layers with a final LayerNorm (Chapter 6's norm_first=True); padding (pad_id) is masked.
     forward: tokens (B, S) long -> logits (B, num_classes)."""
@@ -121,14 +127,18 @@ class SequenceClassifier(nn.Module):
         self.embed = TokenEmbedding(vocab_size, d_model, padding_idx=pad_id)
         if self.cls_id >= vocab_size:
             raise ValueError(f"cls_id must lie in [0, vocab_size) = [0, {vocab_size}), got {cls_id}")
+        if pooling == "cls" and cls_id == pad_id:
+            raise ValueError(f"cls_id must differ from pad_id (both {cls_id}): with pooling='cls' the [CLS] token "
+                             "would be padding, masked out as a key and embedded with the frozen padding vector")
         self.position = PositionalEncoding(d_model, dropout, max_len + 1)       # + 1: room for [CLS]
         self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, dropout, norm_first=True)
         self.head = nn.Linear(d_model, check_int("num_classes", num_classes, 2))
 
     def forward(self, tokens, need_weights: bool = False):
         check_token_ids("tokens", tokens, self.embed.vocab_size)
+        check_bool("need_weights", need_weights)
         if self.pooling == "cls":                                    # [CLS] x_1 ... x_S
-            cls = torch.full_like(tokens[:, :1], self.cls_id)
+            cls = tokens.new_full((tokens.size(0), 1), self.cls_id)
             tokens = torch.cat([cls, tokens], dim=1)                 # (B, 1 + S)
         mask = padding_mask(tokens, self.pad_id)                     # (B, 1, 1, S): keys that are real
         x = self.embed(tokens)                                       # (B, S, d_model)
@@ -145,6 +155,11 @@ def random_batches(*tensors, batch_size: int = 64, seed: int = 0, pad_id: int = 
     """An endless iterator of random batches (rows drawn without replacement, epoch after epoch) from tensors
     that share their first axis; the first tensor holds token ids, whose all-padding last columns are cut."""
     check_int("batch_size", batch_size)
+    check_int("pad_id", pad_id, 0)
+    if not tensors or not all(isinstance(t, torch.Tensor) and t.dim() >= 1 for t in tensors):
+        raise ValueError(f"tensors must be one or more tensors sharing their first axis, got "
+                         f"{[describe(t) for t in tensors]}")
+    check_tensor("tensors[0]", tensors[0], floating=False)
     N = tensors[0].size(0)
     if N == 0 or any(t.size(0) != N for t in tensors):
         raise ValueError(f"tensors must share a non-empty first axis, got shapes {[tuple(t.shape) for t in tensors]}")
@@ -158,6 +173,15 @@ def random_batches(*tensors, batch_size: int = 64, seed: int = 0, pad_id: int = 
             yield (first[:, :max(width, 1)], *(t[rows] for t in tensors[1:]))
 
 
+def _device_of(model) -> torch.device:
+    """The device of model's parameters (a ValueError naming model if it is not a module with parameters)."""
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be an nn.Module, got {describe(model)}")
+    for p in model.parameters():
+        return p.device
+    raise ValueError(f"model must have parameters, got a {type(model).__name__} without any")
+
+
 def fit(model, loss_fn, batches, steps: int, lr: float = 3e-3, warmup_steps: int | None = None,
         weight_decay: float = 0.01, betas=(0.9, 0.999), clip_norm: float | None = None, evaluate=None,
         eval_every: int = 100, progress: bool = True) -> dict:
@@ -165,38 +189,68 @@ def fit(model, loss_fn, batches, steps: int, lr: float = 3e-3, warmup_steps: int
     to the model's device. The learning rate rises linearly over warmup_steps (default 10 %) and falls
     linearly to 0 at the last step (Chapter 8's schedule). clip_norm: clip the gradients' global norm.
     evaluate(model) -> float, called in eval mode without gradients every eval_every steps and at the end.
+    The model trains in train mode and is left in the mode it was given (also when fit raises). A loss that is
+    not finite stops the run with a ValueError before that step is applied (training diverged: lower lr).
     -> {"loss": [per step], "eval_step": [...], "eval": [...], "seconds": float}"""
     from tqdm import tqdm   # imported here: the library itself needs only torch and numpy
 
+    device = _device_of(model)
+    if not callable(loss_fn):
+        raise ValueError(f"loss_fn must be a function loss_fn(model, batch) -> scalar loss, got {describe(loss_fn)}")
+    if evaluate is not None and not callable(evaluate):
+        raise ValueError(f"evaluate must be None or a function evaluate(model) -> float, got {describe(evaluate)}")
     check_int("steps", steps, 2)
     check_int("eval_every", eval_every)
-    check_float("lr", lr, 0.0, low_open=True)
-    check_float("weight_decay", weight_decay, 0.0)
+    check_float("lr", lr, 0.0, math.inf, low_open=True, high_open=True)
+    check_float("weight_decay", weight_decay, 0.0, math.inf, high_open=True)
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise ValueError(f"betas must be a pair (beta1, beta2), each in [0, 1), got {describe(betas)}")
+    betas = tuple(check_float("betas", b, 0.0, 1.0, high_open=True) for b in betas)
     if clip_norm is not None:
         check_float("clip_norm", clip_norm, 0.0, low_open=True)
+    check_bool("progress", progress)
     warmup_steps = max(1, steps // 10) if warmup_steps is None else check_int("warmup_steps", warmup_steps)
-    device = next(model.parameters()).device
+    try:
+        batches = iter(batches)
+    except TypeError:
+        raise ValueError(f"batches must be an iterator of batches, e.g. random_batches(...), got "
+                         f"{describe(batches)}") from None
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
     scheduler = warmup_linear_scheduler(optimizer, steps, warmup_steps)
     history, start = {"loss": [], "eval_step": [], "eval": [], "seconds": 0.0}, time.perf_counter()
+    was_training = model.training
     model.train()
-    for step in tqdm(range(1, steps + 1), disable=not check_bool("progress", progress), mininterval=2.0):
-        batch = [t.to(device) for t in next(batches)]
-        loss = loss_fn(model, batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if clip_norm is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-        optimizer.step()
-        scheduler.step()
-        history["loss"].append(loss.item())
-        if evaluate is not None and (step % eval_every == 0 or step == steps):
-            model.eval()
-            with torch.no_grad():
-                history["eval_step"].append(step)
-                history["eval"].append(float(evaluate(model)))
-            model.train()
-    model.eval()
+    try:
+        for step in tqdm(range(1, steps + 1), disable=not progress, mininterval=2.0):
+            try:
+                batch = next(batches)
+            except StopIteration:
+                raise ValueError(f"batches is empty after {step - 1} batches, but steps={steps} needs {steps}: "
+                                 "pass an endless iterator such as random_batches(...)") from None
+            loss = loss_fn(model, [t.to(device) for t in batch])
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                raise ValueError(f"loss_fn must return a scalar loss tensor, got {describe(loss)}")
+            value = loss.item()
+            if not math.isfinite(value):
+                raise ValueError(f"the loss is not finite ({value}) at step {step} of {steps}: training diverged "
+                                 f"(lr={lr:g} too large?); the model holds the weights after step {step - 1}")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if clip_norm is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+            optimizer.step()
+            scheduler.step()
+            history["loss"].append(value)
+            if evaluate is not None and (step % eval_every == 0 or step == steps):
+                model.eval()
+                try:
+                    with torch.no_grad():
+                        history["eval_step"].append(step)
+                        history["eval"].append(float(evaluate(model)))
+                finally:
+                    model.train()
+    finally:
+        model.train(was_training)
     history["seconds"] = time.perf_counter() - start
     return history
 
@@ -209,9 +263,14 @@ def classification_loss(model, batch):
 
 @torch.no_grad()
 def predict(model, tokens, batch_size: int = 1024):
-    """The most probable class of every row of tokens (N, S), in eval mode. -> (N,) long, on the CPU."""
+    """The most probable class of every row of tokens (N, S), computed in eval mode; the model is left in the
+    mode it was given. -> (N,) long, on the CPU."""
     check_int("batch_size", batch_size)
+    check_tensor("tokens", tokens, dim=2, floating=False, shape_text="(N, S) token ids")
+    device, was_training = _device_of(model), model.training
     model.eval()
-    device = next(model.parameters()).device
-    out = [model(tokens[i:i + batch_size].to(device)).argmax(-1).cpu() for i in range(0, len(tokens), batch_size)]
+    try:
+        out = [model(tokens[i:i + batch_size].to(device)).argmax(-1).cpu() for i in range(0, len(tokens), batch_size)]
+    finally:
+        model.train(was_training)
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)

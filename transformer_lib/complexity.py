@@ -7,27 +7,30 @@ __all__ = ['mha_params', 'ffn_params', 'layer_norm_params', 'transformer_params'
 
 # %% ../chapters/09_complexity.ipynb #c003
 import math
+import numbers
 import time
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from .model import TransformerConfig
-from .validation import check_int, describe
+from .validation import check_bool, check_int, describe
 
 # %% ../chapters/09_complexity.ipynb #c007
 def mha_params(d_model: int, bias: bool = True) -> int:
     """W_q, W_k, W_v, W_o: four d_model x d_model matrices (+ four bias vectors)."""
-    return 4 * d_model * d_model + (4 * d_model if bias else 0)
+    check_int("d_model", d_model)
+    return 4 * d_model * d_model + (4 * d_model if check_bool("bias", bias) else 0)
 
 
 def ffn_params(d_model: int, d_ff: int) -> int:
     """linear1 (d_model -> d_ff) and linear2 (d_ff -> d_model), with biases."""
+    check_int("d_model", d_model), check_int("d_ff", d_ff)
     return 2 * d_model * d_ff + d_ff + d_model
 
 
 def layer_norm_params(d_model: int) -> int:
-    return 2 * d_model                                          # gamma and beta
+    return 2 * check_int("d_model", d_model)                   # gamma and beta
 
 
 def _check_config(config):
@@ -52,22 +55,32 @@ def transformer_params(config) -> int:
 
 # %% ../chapters/09_complexity.ipynb #c011
 def linear_flops(tokens: int, d_in: int, d_out: int) -> int:
-    """x @ W for `tokens` rows: one multiply and one add per weight and row (the bias add is not counted)."""
+    """x @ W for `tokens` rows: one multiply and one add per weight and row (the bias add is not counted).
+    Counts of rows, positions and batch (tokens, batch, n_q, n_k) may be 0; widths (d_in, d_model, ...) are >= 1."""
+    check_int("tokens", tokens, minimum=0), check_int("d_in", d_in), check_int("d_out", d_out)
     return 2 * tokens * d_in * d_out
 
 
 def attention_flops(batch: int, n_q: int, n_k: int, d_model: int) -> int:
     """Q K^T and weights @ V, all heads together: 2 * (2 * B * n_q * n_k * d_model). The n^2 term."""
+    _check_attention_sizes(batch, n_q, n_k, d_model)
     return 4 * batch * n_q * n_k * d_model
 
 
 def mha_flops(batch: int, n_q: int, n_k: int, d_model: int) -> int:
     """Forward FLOPs of MultiHeadAttention: projections of queries (n_q), keys and values (n_k), output (n_q)."""
+    _check_attention_sizes(batch, n_q, n_k, d_model)
     projections = 2 * linear_flops(batch * n_q, d_model, d_model) + 2 * linear_flops(batch * n_k, d_model, d_model)
     return projections + attention_flops(batch, n_q, n_k, d_model)
 
 
+def _check_attention_sizes(batch, n_q, n_k, d_model) -> None:
+    check_int("batch", batch, minimum=0), check_int("n_q", n_q, minimum=0), check_int("n_k", n_k, minimum=0)
+    check_int("d_model", d_model)
+
+
 def ffn_flops(tokens: int, d_model: int, d_ff: int) -> int:
+    check_int("tokens", tokens, minimum=0), check_int("d_model", d_model), check_int("d_ff", d_ff)
     return linear_flops(tokens, d_model, d_ff) + linear_flops(tokens, d_ff, d_model)
 
 
@@ -79,6 +92,7 @@ def transformer_flops(config, batch: int, src_len: int, tgt_len: int, backward: 
     Embedding lookups, LayerNorm, softmax, ReLU, dropout and residual adds are O(n d) each and not counted."""
     _check_config(config)
     B, S, T = check_int("batch", batch, minimum=0), check_int("src_len", src_len), check_int("tgt_len", tgt_len)
+    check_bool("backward", backward), check_bool("fused", fused)
     d, d_ff = config.d_model, config.d_ff
     encoder_layer = mha_flops(B, S, S, d) + ffn_flops(B * S, d, d_ff)
     decoder_layer = mha_flops(B, T, T, d) + mha_flops(B, T, S, d) + ffn_flops(B * T, d, d_ff)
@@ -120,6 +134,10 @@ def saved_tensor_bytes(fn, *args, exclude=(), **kwargs) -> int:
     (e.g. model.parameters(), which exist anyway) are left out. Deterministic: no allocator, no machine."""
     if not callable(fn):
         raise ValueError(f"fn must be callable (a module or a function), got {describe(fn)}")
+    exclude = list(exclude) if not isinstance(exclude, torch.Tensor) else [exclude]
+    if not all(isinstance(t, torch.Tensor) for t in exclude):
+        raise ValueError(f"exclude must be tensors (e.g. model.parameters()), got "
+                         f"{describe(next(t for t in exclude if not isinstance(t, torch.Tensor)))}")
     skip = {t.untyped_storage().data_ptr() for t in exclude}
     saved = {}
 
@@ -138,13 +156,21 @@ def explicit_attention_saved_bytes(batch_heads: int, n_q: int, n_k: int, d_k: in
                                    masked: bool = False) -> int:
     """What Chapter 1's scaled_dot_product_attention saves: Q, K, V and the (n_q, n_k) weights; with a mask also
     the masked copy of the weights and two bool (n_q, n_k) masks (a mask of shape (1, 1, n_q, n_k))."""
+    _check_saved_sizes(batch_heads, n_q, n_k, d_k, element_size)
+    check_bool("masked", masked)
     vectors = batch_heads * (n_q + 2 * n_k) * d_k * element_size
     weights = batch_heads * n_q * n_k * element_size
     return vectors + (2 * weights + 2 * n_q * n_k if masked else weights)
 
 
+def _check_saved_sizes(batch_heads, n_q, n_k, d_k, element_size) -> None:
+    check_int("batch_heads", batch_heads, minimum=0), check_int("n_q", n_q, minimum=0)
+    check_int("n_k", n_k, minimum=0), check_int("d_k", d_k), check_int("element_size", element_size)
+
+
 def fused_attention_saved_bytes(batch_heads: int, n_q: int, n_k: int, d_k: int, element_size: int = 4) -> int:
     """What PyTorch's fused CPU kernel saves: Q, K, V, the output and one log-sum-exp per query (no n^2 term)."""
+    _check_saved_sizes(batch_heads, n_q, n_k, d_k, element_size)
     return batch_heads * ((2 * n_q + 2 * n_k) * d_k * element_size + n_q * 4)
 
 # %% ../chapters/09_complexity.ipynb #c023
@@ -168,9 +194,14 @@ def median_time(fn, repeats: int = 5, warmup: int = 1) -> float:
 
 
 def loglog_slope(xs, ys) -> float:
-    """Least-squares slope of log y against log x: the exponent k of y ~ x^k."""
+    """Least-squares slope of log y against log x: the exponent k of y ~ x^k. Every x and y is a finite number > 0."""
     xs, ys = list(xs), list(ys)
-    if len(xs) != len(ys) or len(set(xs)) < 2 or min(xs + ys) <= 0:
+    for name, values in (("xs", xs), ("ys", ys)):
+        for i, v in enumerate(values):
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 < v < math.inf:   # nan fails too
+                raise ValueError(f"{name} must hold finite numbers > 0 (their logarithms are fitted), got "
+                                 f"{describe(v)} at index {i}")
+    if len(xs) != len(ys) or len(set(xs)) < 2:
         raise ValueError(f"xs and ys must be equally long, positive, with at least two different xs; "
                          f"got {len(xs)} xs and {len(ys)} ys")
     lx = [math.log(x) for x in xs]

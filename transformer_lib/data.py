@@ -161,7 +161,9 @@ class Batch:
 
 def collate(examples, pad_id: int = 0) -> Batch:
     """[(src ids, tgt ids), ...] -> Batch: pad to the longest sequence, shift the target, build the padding
-    masks. Each example is a pair of 1-D integer tensors; the target holds at least BOS and EOS."""
+    masks. Each example is a pair of 1-D integer tensors; the target holds at least BOS and EOS. pad_id may end
+    an example (padding added before) but never occur before another id or as the target's BOS: the masks would
+    hide that real token."""
     check_int("pad_id", pad_id, 0)
     examples = list(examples)
     if not examples:
@@ -179,9 +181,26 @@ def collate(examples, pad_id: int = 0) -> Batch:
     src = nn.utils.rnn.pad_sequence(srcs, batch_first=True, padding_value=pad_id)    # (B, S)
     tgt = nn.utils.rnn.pad_sequence(tgts, batch_first=True, padding_value=pad_id)    # (B, T + 1)
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]                                        # (B, T) each
+    _check_pad_id(pad_id, src, tgt)
     src_mask = padding_mask(src, pad_id)                                             # (B, 1, 1, S)
     tgt_mask = padding_mask(tgt_in, pad_id)                                          # (B, 1, 1, T)
     return Batch(src, tgt_in, tgt_out, src_mask, tgt_mask)
+
+
+def _check_pad_id(pad_id: int, src, tgt) -> None:
+    """Each padded row must be real ids, then pad_id only: a pad_id followed by another id is a real token."""
+    if (tgt[:, 0] == pad_id).any():
+        i = int((tgt[:, 0] == pad_id).nonzero()[0])
+        raise ValueError(f"pad_id={pad_id} is the first id (BOS) of the target of example {i}: the padding mask would "
+                         f"hide it; pass the pad_id of the tokenizer (tokenizer.pad_id), an id no example uses")
+    for name, rows in (("source", src), ("target", tgt)):
+        is_pad = rows == pad_id
+        inside = is_pad[:, :-1] & ~is_pad[:, 1:]                                     # pad_id, then a real id
+        if inside.any():
+            i, j = (int(v) for v in inside.nonzero()[0])
+            raise ValueError(f"pad_id={pad_id} occurs as a real token: the {name} of example {i} holds it at position "
+                             f"{j}, before other ids, and the padding mask would hide it; pass the pad_id of the "
+                             f"tokenizer (tokenizer.pad_id), an id no example uses")
 
 # %% ../chapters/08_training.ipynb #c021
 class LengthGroupedSampler(torch.utils.data.Sampler):

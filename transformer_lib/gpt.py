@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from .feed_forward import PositionwiseFeedForward
 from .multi_head import AttentionCache, MultiHeadAttention
 from .residual import LayerNorm, SublayerConnection
-from .validation import check_float, check_int, check_mask, check_probability, check_token_ids, describe
+from .validation import (check_bool, check_float, check_int, check_mask, check_probability,
+                                        check_tensor, check_token_ids, describe)
 
 # %% ../chapters/11_decoder_only.ipynb #c007
 # Python's own standard library, split by file: the model never sees a held-out module.
@@ -65,7 +66,7 @@ class GPTConfig:
         for name in ("vocab_size", "max_len", "d_model", "num_layers", "num_heads", "d_ff"):
             check_int(name, getattr(self, name))
         check_probability("dropout", self.dropout)
-        check_float("eps", self.eps, low_open=True)
+        check_float("eps", self.eps, 0.0, math.inf, low_open=True, high_open=True)   # inf: the output = the bias
         if self.d_model % self.num_heads:
             raise ValueError(f"d_model={self.d_model} must be divisible by num_heads={self.num_heads}")
 
@@ -118,8 +119,11 @@ class GPT(nn.Module):
     final LayerNorm, and an output layer tied to the token embedding. GPT-2's initialisation: N(0, 0.02^2),
     the two projections into the residual stream (W_o, linear2) scaled by 1/sqrt(2 num_layers).
 
-    forward(tokens (B, T), mask=None, cache=None, need_weights=False) -> logits (B, T, vocab_size).
-    cache: new_cache() for incremental decoding; tokens then hold only the new positions."""
+    forward(tokens (B, T), mask=None, cache=None, need_weights=False, position_ids=None) -> logits (B, T, vocab_size).
+    cache: new_cache() for incremental decoding; tokens then hold only the new positions.
+    position_ids (B|1, T) long: the position of each token (default t .. t + T - 1). For left-padded rows pass,
+    as Hugging Face's GPT-2 does, (keep.cumsum(-1) - 1).clamp(min=0) of the (B, t + T) bool keep mask (True at
+    real tokens), last T columns, with mask = keep[:, None, None, :]: each row is then computed as if alone."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -146,8 +150,9 @@ class GPT(nn.Module):
         """One empty AttentionCache (Chapter 2) per block."""
         return [AttentionCache() for _ in self.blocks]
 
-    def forward(self, tokens, mask=None, cache=None, need_weights: bool = False):
+    def forward(self, tokens, mask=None, cache=None, need_weights: bool = False, position_ids=None):
         check_token_ids("tokens", tokens, self.config.vocab_size)
+        check_bool("need_weights", need_weights)
         if cache is not None and (not isinstance(cache, list) or len(cache) != len(self.blocks)):
             raise ValueError(f"cache must come from GPT.new_cache(), got {describe(cache)}")
         t, (B, T) = 0 if cache is None else len(cache[0]), tokens.shape
@@ -156,7 +161,17 @@ class GPT(nn.Module):
                              f"tokens has T={T} positions after {t} cached ones")
         if mask is not None:
             check_mask("mask", mask, (B, self.config.num_heads, T, t + T), "(B, h, T, t + T)")
-        positions = torch.arange(t, t + T, device=tokens.device)
+        if position_ids is None:
+            positions = torch.arange(t, t + T, device=tokens.device)                  # (T,)
+        else:
+            if (not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2 or position_ids.size(0) not in (1, B)
+                    or position_ids.size(1) != T or position_ids.is_floating_point() or position_ids.dtype == torch.bool):
+                raise ValueError(f"position_ids must be an integer tensor of shape (B|1, T) = ({B}|1, {T}), got "
+                                 f"{describe(position_ids)}")
+            if position_ids.numel() and not 0 <= int(position_ids.min()) <= int(position_ids.max()) < self.config.max_len:
+                raise ValueError(f"position_ids must lie in [0, max_len) = [0, {self.config.max_len}), got values "
+                                 f"from {int(position_ids.min())} to {int(position_ids.max())}")
+            positions = position_ids.to(tokens.device)                                # (B|1, T)
         x = self.dropout(self.token(tokens) + self.position(positions))          # (B, T, d_model)
         for i, block in enumerate(self.blocks):
             x = block(x, mask, None if cache is None else cache[i], need_weights)
@@ -211,7 +226,7 @@ class TrigramLM:
 
     def __init__(self, tokens, vocab_size: int, discount: float = 0.75):
         self.V, self.D = check_int("vocab_size", vocab_size), check_float("discount", discount, 0.0, 1.0)
-        t = tokens.tolist()
+        t = check_token_ids("tokens", tokens, self.V, dim=1).tolist()          # ids >= vocab_size: a ValueError
         self.n1 = collections.Counter(t)
         self.n2 = collections.Counter(zip(t, t[1:], strict=False))
         self.n3 = collections.Counter(zip(t, t[1:], t[2:], strict=False))
@@ -242,7 +257,7 @@ class TrigramLM:
 
     def nll(self, tokens) -> float:
         """-sum log p(token_i | two tokens before it), in nats, over a 1-D id tensor."""
-        t = tokens.tolist()
+        t = check_token_ids("tokens", tokens, self.V, dim=1).tolist()
         return -sum(math.log(self.prob(c, t[i - 1] if i else None, t[i - 2] if i > 1 else None))
                     for i, c in enumerate(t))
 
@@ -250,6 +265,12 @@ class TrigramLM:
         """n tokens drawn from the model after the ids in prompt (a list), with random.Random rng. The mixture
         is sampled as it is defined: with probability 1 - D N1(a b .) / n(a b) from the discounted trigram
         counts, else from p(. | b), which backs off to the unigram in the same way."""
+        if isinstance(prompt, (str, bytes)) or not isinstance(prompt, (list, tuple)) or not all(
+                isinstance(c, int) and not isinstance(c, bool) and 0 <= c < self.V for c in prompt):
+            raise ValueError(f"prompt must be a list of int token ids in [0, vocab_size) = [0, {self.V}), "
+                             f"got {describe(prompt)}")
+        if not callable(getattr(rng, "random", None)) or not callable(getattr(rng, "choices", None)):
+            raise ValueError(f"rng must be a random.Random, got {describe(rng)}")
         out = list(prompt)
         for _ in range(check_int("n", n)):
             a, b = (out[-2] if len(out) > 1 else None), (out[-1] if out else None)
@@ -274,6 +295,7 @@ def random_windows(ids, context: int, batch_size: int, seed: int = 0):
     """An endless iterator of batches (B, context + 1) of windows cut at random places of a 1-D id tensor."""
     check_int("context", context)
     check_int("batch_size", batch_size)
+    check_tensor("ids", ids, floating=False, shape_text="(N,) token ids")
     if ids.dim() != 1 or len(ids) <= context + 1:
         raise ValueError(f"ids must be a 1-D tensor longer than context + 1 = {context + 1}, got {describe(ids)}")
     g = torch.Generator().manual_seed(check_int("seed", seed, 0))
@@ -284,8 +306,13 @@ def random_windows(ids, context: int, batch_size: int, seed: int = 0):
 
 
 def lm_loss(model, batch):
-    """Next-token cross-entropy (nats per token), for classifier.fit(): batch = (windows (B, T + 1),)."""
-    x = batch[0]
+    """Next-token cross-entropy (nats per token), for classifier.fit(): batch = (windows (B, T + 1),), T >= 1."""
+    if not isinstance(batch, (tuple, list)) or len(batch) != 1:
+        raise ValueError(f"batch must be a 1-tuple (windows (B, T + 1),), got {describe(batch)}")
+    x = check_tensor("batch[0]", batch[0], dim=2, floating=False, shape_text="(B, T + 1) token ids")
+    if x.size(1) < 2:
+        raise ValueError(f"batch[0] must hold windows of at least 2 tokens (one input, one target), got "
+                         f"{describe(x)}")
     logits = model(x[:, :-1])                                              # (B, T, V)
     return F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
 
@@ -294,16 +321,24 @@ def lm_loss(model, batch):
 def sequence_nll(model, ids, context: int | None = None) -> float:
     """-sum log p(ids[i] | ids[:i]) in nats over a 1-D id tensor (the first token is not scored), with sliding
     windows of `context` tokens (default: max_len) advancing by context/2: every token is scored once, with at
-    least context/2 tokens before it (all of them near the start)."""
+    least context/2 tokens before it (all of them near the start). Computed in eval mode; the model is left
+    in the mode it was given."""
+    if not isinstance(model, nn.Module) or not isinstance(getattr(model, "config", None), GPTConfig):
+        raise ValueError(f"model must be a language model with a GPTConfig, such as GPT, got {describe(model)}")
     context = check_int("context", model.config.max_len if context is None else context, 2)
     if not isinstance(ids, torch.Tensor) or ids.dim() != 1:
         raise ValueError(f"ids must be a 1-D tensor of token ids, got {describe(ids)}")
-    model.eval()
+    check_token_ids("ids", ids, model.config.vocab_size, dim=1)
     stride, device, total = context // 2, next(model.parameters()).device, 0.0
-    for s in range(0, max(len(ids) - context, 0) + stride, stride):
-        x = ids[s:s + context + 1].to(device)                               # up to context + 1 tokens
-        if len(x) < 2:
-            break
-        nll = F.cross_entropy(model(x[None, :-1])[0].float(), x[1:], reduction="none")
-        total += nll[0 if s == 0 else context - stride:].sum().item()      # only the tokens not scored yet
+    was_training = model.training
+    model.eval()
+    try:
+        for s in range(0, max(len(ids) - context, 0) + stride, stride):
+            x = ids[s:s + context + 1].to(device)                           # up to context + 1 tokens
+            if len(x) < 2:
+                break
+            nll = F.cross_entropy(model(x[None, :-1])[0].float(), x[1:], reduction="none")
+            total += nll[0 if s == 0 else context - stride:].sum().item()  # only the tokens not scored yet
+    finally:
+        model.train(was_training)
     return total

@@ -23,7 +23,7 @@ class LayerNorm(nn.Module):
     def __init__(self, d_model: int, eps: float = 1e-5):
         super().__init__()
         self.d_model = check_int("d_model", d_model)
-        self.eps = check_float("eps", eps, low_open=True)
+        self.eps = check_float("eps", eps, 0.0, float("inf"), low_open=True, high_open=True)  # inf: output = bias
         self.weight = nn.Parameter(torch.ones(d_model))   # γ
         self.bias = nn.Parameter(torch.zeros(d_model))    # β
 

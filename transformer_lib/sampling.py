@@ -6,7 +6,7 @@ __all__ = ['filter_logits', 'sample_next', 'generate']
 # %% ../chapters/11_decoder_only.ipynb #c030
 import torch
 
-from .validation import check_float, check_int, check_tensor
+from .validation import check_bool, check_float, check_int, check_tensor, check_token_ids, describe
 
 # %% ../chapters/11_decoder_only.ipynb #c031
 def filter_logits(logits, top_k: int | None = None, top_p: float | None = None):
@@ -27,35 +27,85 @@ def filter_logits(logits, top_k: int | None = None, top_p: float | None = None):
 
 def sample_next(logits, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
                 generator=None):
-    """One token per row of logits (B, V): softmax(logits / temperature), filtered; temperature 0 = argmax."""
+    """One token per row of logits (B, V): softmax(logits / temperature) over the tokens top_k and top_p keep.
+    top_k keeps the k largest logits (the same k at every temperature); top_p the nucleus of the tempered
+    distribution. temperature 0 = argmax (greedy); temperature inf = uniform over the kept tokens.
+    Every row needs a finite logit; NaN and +inf are rejected."""
+    check_tensor("logits", logits, dim=2, floating=True, shape_text="(B, V)")
+    temperature = _check_sampling(temperature, top_k, top_p)
+    if torch.isnan(logits).any() or (logits == float("inf")).any() or not torch.isfinite(logits).any(-1).all():
+        raise ValueError("logits must hold no NaN and no +inf, and at least one finite value per row")
+    return _sample(logits, temperature, top_k, top_p, generator)
+
+
+def _check_sampling(temperature, top_k, top_p) -> float:
     if top_k is not None:                                                     # checked here too: greedy
         check_int("top_k", top_k)                                             # decoding never filters
     if top_p is not None:
         check_float("top_p", top_p, 0.0, 1.0, low_open=True)
-    if check_float("temperature", temperature, 0.0) == 0.0:
+    return check_float("temperature", temperature, 0.0)                      # 0: greedy; inf: uniform
+
+
+def _sample(logits, temperature: float, top_k, top_p, generator):
+    """sample_next without the checks (generate checks once, not at every step)."""
+    if temperature == 0.0:
         return logits.argmax(-1)                                              # greedy
-    probs = filter_logits(logits.float() / temperature, top_k, top_p).softmax(-1)
+    logits = logits.float()
+    if top_k is not None:                                                     # on the logits themselves: at a
+        logits = filter_logits(logits, top_k=top_k)                          # huge temperature they all round to 0
+    kept = logits > float("-inf")
+    tempered = torch.where(kept, logits / temperature, float("-inf"))        # inf: 0 at every kept token
+    probs = filter_logits(tempered, top_p=top_p).softmax(-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)      # (B,)
 
 # %% ../chapters/11_decoder_only.ipynb #c034
 @torch.no_grad()
 def generate(model, prompt, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-             top_p: float | None = None, generator=None, use_cache: bool = True):
-    """Continue prompt (B, T) by max_new_tokens tokens from a decoder-only model -> (B, max_new_tokens).
+             top_p: float | None = None, generator=None, use_cache: bool = True, prompt_mask=None):
+    """Continue prompt (B, T), T >= 1, by max_new_tokens tokens from a decoder-only model -> (B, max_new_tokens).
 
     use_cache=True feeds each new token alone and lets every layer's AttentionCache (Chapter 2) hold the keys
-    and values of the positions before it; False recomputes the whole sequence at every step. Same tokens."""
+    and values of the positions before it; False recomputes the whole sequence at every step. Same tokens.
+    prompt_mask (B, T) bool, True at real tokens: prompts of different lengths, padded on the left; each row
+    is then continued as if alone (padding masked, positions counted from its first real token).
+    Runs in eval mode; the model is left in the mode it was given."""
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "new_cache") or not hasattr(
+            getattr(model, "config", None), "max_len"):
+        raise ValueError(f"model must be a decoder-only model such as GPT, got {describe(model)}")
     check_int("max_new_tokens", max_new_tokens)
     check_tensor("prompt", prompt, dim=2, floating=False, shape_text="(B, T) token ids")
+    if prompt.size(1) == 0:
+        raise ValueError("prompt has T=0 tokens: give every row at least one token to continue (the model has "
+                         "no start token of its own)")
+    check_token_ids("prompt", prompt, model.config.vocab_size)
     if prompt.size(1) + max_new_tokens > model.config.max_len:
         raise ValueError(f"prompt length {prompt.size(1)} + max_new_tokens {max_new_tokens} exceeds the model's "
                          f"max_len={model.config.max_len}")
+    temperature = _check_sampling(temperature, top_k, top_p)
+    check_bool("use_cache", use_cache)
+    if prompt_mask is not None:
+        if not isinstance(prompt_mask, torch.Tensor) or prompt_mask.dtype != torch.bool \
+                or prompt_mask.shape != prompt.shape:
+            raise ValueError(f"prompt_mask must be a bool tensor of the prompt's shape {tuple(prompt.shape)}, True at "
+                             f"real tokens, got {describe(prompt_mask)}")
+        if not prompt_mask[:, -1].all():
+            raise ValueError("prompt_mask must be True at the last position of every row: pad prompts on the left")
+    keep = None if prompt_mask is None else prompt_mask.to(prompt.device)       # (B, t + T): real keys
+    was_training = model.training
     model.eval()
-    cache = model.new_cache() if use_cache else None
-    tokens, feed = prompt, prompt
-    for _ in range(max_new_tokens):
-        logits = model(feed, cache=cache)[:, -1]                             # (B, V) for the next position
-        nxt = sample_next(logits, temperature, top_k, top_p, generator)[:, None]
-        tokens = torch.cat([tokens, nxt], dim=1)
-        feed = nxt if use_cache else tokens
+    try:
+        cache = model.new_cache() if use_cache else None
+        tokens, feed = prompt, prompt
+        for _ in range(max_new_tokens):
+            if keep is None:
+                logits = model(feed, cache=cache)[:, -1]                     # (B, V) for the next position
+            else:
+                positions = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, -feed.size(1):]
+                logits = model(feed, keep[:, None, None, :], cache=cache, position_ids=positions)[:, -1]
+                keep = torch.cat([keep, keep.new_ones(keep.size(0), 1)], dim=1)
+            nxt = _sample(logits, temperature, top_k, top_p, generator)[:, None]
+            tokens = torch.cat([tokens, nxt], dim=1)
+            feed = nxt if use_cache else tokens
+    finally:
+        model.train(was_training)
     return tokens[:, prompt.size(1):]

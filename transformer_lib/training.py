@@ -22,6 +22,10 @@ class LabelSmoothingLoss(nn.Module):
     averaged over the positions whose target is not pad_id. Equals
     nn.CrossEntropyLoss(label_smoothing=label_smoothing, ignore_index=pad_id), except that a batch without a
     single real target gives 0 (nothing to learn), not nan.
+    A logit of -inf (probability 0) gives +inf when its class has mass in q: the target's always, and every
+    class's when label_smoothing > 0 (q gives each label_smoothing / V). That is the true cross-entropy, as in
+    nn.CrossEntropyLoss; to rule classes out, slice them out of the logits. With label_smoothing = 0 only the
+    target's logit counts, so a -inf elsewhere changes nothing.
 
     logits (..., V) raw scores; target (...) ids in [0, V) (or pad_id) with the same leading shape. -> scalar."""
 
@@ -46,7 +50,12 @@ class LabelSmoothingLoss(nn.Module):
         logp = F.log_softmax(logits.reshape(-1, V)[keep], dim=-1)   # (N_real, V) log-probabilities
         nll = -logp.gather(1, target[:, None]).squeeze(1)        # -log p(y): cross-entropy with the one-hot
         uniform = -logp.mean(dim=-1)                             # -(1/V) sum_k log p(k): ... with the uniform
-        per_token = (1 - eps) * nll + eps * uniform              # (N_real,)
+        if eps == 0:                                             # 0 * inf would be nan for a -inf logit
+            per_token = nll                                      # (N_real,)
+        elif eps == 1:
+            per_token = uniform
+        else:
+            per_token = (1 - eps) * nll + eps * uniform
         return per_token.mean() if per_token.numel() else per_token.sum()    # no real target: 0, not nan
 
 

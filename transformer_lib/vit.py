@@ -64,7 +64,9 @@ class ViTConfig:
     def __post_init__(self):
         for name in ("image_size", "patch_size", "num_channels", "d_model", "num_layers", "num_heads", "d_ff"):
             check_int(name, getattr(self, name))
-        check_int("num_classes", self.num_classes, 0)                 # 0: no classification head
+        if check_int("num_classes", self.num_classes, 0) == 1:        # 0: no classification head
+            raise ValueError("num_classes must be 0 (no classification head) or >= 2, got 1: a softmax over "
+                             "one class is always 1 and learns nothing")
         check_probability("dropout", self.dropout)
         check_float("eps", self.eps, low_open=True)
         if self.image_size % self.patch_size:
