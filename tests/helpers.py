@@ -50,3 +50,47 @@ def assert_download_fails(class_name, checkpoint, cache_dir):
     transformers = import_hf("transformers")
     with pytest.raises(Exception):  # noqa: B017 - the offline error or the guard's RuntimeError, whichever comes first
         getattr(transformers, class_name).from_pretrained(checkpoint, cache_dir=cache_dir)
+
+
+# ------------------------------------------------------------------------- bad-input tables (test_bad_inputs*.py)
+OK = "ok"
+
+
+def err(names: str, phrase: str):
+    """A ValueError naming one of `names` (word-bounded) and matching `phrase`, anywhere in the message."""
+    return ("raises", rf"(?s)(?=.*\b(?:{names})\b)(?=.*(?:{phrase}))")
+
+
+def run_case(call, expected):
+    """Run one row of a table: OK (the call asserts its documented result itself) or err(...)."""
+    if expected == OK:
+        call()
+        return
+    kind, pattern = expected
+    assert kind == "raises"
+    with pytest.raises(ValueError, match=pattern):
+        call()
+
+
+def table_tests(tensor_cases, plain_cases, before=None):
+    """The three tests of a bad-input table module: its ids are unique, each tensor case runs on float32 and
+    float64, each plain case runs. `before(monkeypatch)`, if given, runs before every case. Use as
+    `test_case_ids_unique, test_tensor_case, test_plain_case = table_tests(TENSOR_CASES, PLAIN_CASES)`."""
+    def test_case_ids_unique():
+        ids = [c[0] for c in tensor_cases + plain_cases]
+        assert len(set(ids)) == len(ids), [i for i in ids if ids.count(i) > 1]
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+    @pytest.mark.parametrize("case_id, call, expected", tensor_cases, ids=[c[0] for c in tensor_cases])
+    def test_tensor_case(case_id, call, expected, dtype, monkeypatch):
+        if before:
+            before(monkeypatch)
+        run_case(lambda: call(dtype), expected)
+
+    @pytest.mark.parametrize("case_id, call, expected", plain_cases, ids=[c[0] for c in plain_cases])
+    def test_plain_case(case_id, call, expected, monkeypatch):
+        if before:
+            before(monkeypatch)
+        run_case(call, expected)
+
+    return test_case_ids_unique, test_tensor_case, test_plain_case

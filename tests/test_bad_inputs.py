@@ -21,6 +21,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from helpers import OK, err, run_case
 
 import transformer_lib.attention as att
 import transformer_lib.bert as brt
@@ -42,14 +43,8 @@ import transformer_lib.utils as utl
 import transformer_lib.vit as vit_mod
 
 # ---------------------------------------------------------------------------------------------------- helpers
-OK = "ok"
 D, H, FF, V = 8, 2, 16, 11              # d_model, heads, d_ff, vocabulary of the small models below
 PAD, BOS, EOS = 0, 1, 2
-
-
-def err(names: str, phrase: str):
-    """A ValueError naming one of `names` (word-bounded) and matching `phrase`, anywhere in the message."""
-    return ("raises", rf"(?s)(?=.*\b(?:{names})\b)(?=.*(?:{phrase}))")
 
 
 INT = r"int"                             # what check_int says: "must be an int >= 1"
@@ -1213,16 +1208,6 @@ PLAIN_CASES = [
 
 
 # ------------------------------------------------------------------------------------------------ the tests
-def _run(call, expected):
-    if expected == OK:
-        call()
-        return
-    kind, pattern = expected
-    assert kind == "raises"
-    with pytest.raises(ValueError, match=pattern):
-        call()
-
-
 def test_table_sizes():
     """The tables stay large and their ids unique (a renamed or duplicated case cannot hide another)."""
     all_ids = [c[0] for c in TENSOR_CASES + PLAIN_CASES]
@@ -1234,7 +1219,7 @@ def test_table_sizes():
 @pytest.mark.parametrize("case_id, call, expected", TENSOR_CASES, ids=[c[0] for c in TENSOR_CASES])
 def test_tensor_case(case_id, call, expected, dtype):
     try:
-        _run(lambda: call(dtype), expected)
+        run_case(lambda: call(dtype), expected)
     finally:
         M("model", dtype).eval()      # a case that puts the shared model in train mode must not leak it
 
@@ -1242,6 +1227,6 @@ def test_tensor_case(case_id, call, expected, dtype):
 @pytest.mark.parametrize("case_id, call, expected", PLAIN_CASES, ids=[c[0] for c in PLAIN_CASES])
 def test_plain_case(case_id, call, expected):
     try:
-        _run(call, expected)
+        run_case(call, expected)
     finally:
         M("model").eval()

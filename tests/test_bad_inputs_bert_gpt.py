@@ -17,20 +17,15 @@ import random
 import pytest
 import torch
 import torch.nn as nn
+from helpers import OK, err, table_tests
 
 import transformer_lib.bert as brt
 import transformer_lib.classifier as clf
 import transformer_lib.gpt as gpt_mod
 import transformer_lib.sampling as smp
 
-OK = "ok"
 D, H, FF, V, C = 8, 2, 16, 11, 3        # d_model, heads, d_ff, vocabulary, classes of the small models below
 PAD = 0
-
-
-def err(names: str, phrase: str):
-    """A ValueError naming one of `names` (word-bounded) and matching `phrase`, anywhere in the message."""
-    return ("raises", rf"(?s)(?=.*\b(?:{names})\b)(?=.*(?:{phrase}))")
 
 
 INT, BOOL, VOCAB, INTEGER = r"int", r"True or False", r"vocab|outside", r"integer"
@@ -434,27 +429,4 @@ PLAIN_CASES = [
 ]
 
 
-def _run(call, expected):
-    if expected == OK:
-        call()
-        return
-    kind, pattern = expected
-    assert kind == "raises"
-    with pytest.raises(ValueError, match=pattern):
-        call()
-
-
-def test_table_sizes():
-    all_ids = [c[0] for c in TENSOR_CASES + PLAIN_CASES]
-    assert len(set(all_ids)) == len(all_ids), [i for i in all_ids if all_ids.count(i) > 1]
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
-@pytest.mark.parametrize("case_id, call, expected", TENSOR_CASES, ids=[c[0] for c in TENSOR_CASES])
-def test_tensor_case(case_id, call, expected, dtype):
-    _run(lambda: call(dtype), expected)
-
-
-@pytest.mark.parametrize("case_id, call, expected", PLAIN_CASES, ids=[c[0] for c in PLAIN_CASES])
-def test_plain_case(case_id, call, expected):
-    _run(call, expected)
+test_case_ids_unique, test_tensor_case, test_plain_case = table_tests(TENSOR_CASES, PLAIN_CASES)

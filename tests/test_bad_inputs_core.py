@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from helpers import OK, err, table_tests
 
 import transformer_lib.complexity as cx
 import transformer_lib.data as data
@@ -25,17 +26,11 @@ import transformer_lib.residual as res
 import transformer_lib.training as trn
 from transformer_lib.model import TransformerConfig
 
-OK = "ok"
 D, H = 8, 2
 PAD, BOS, EOS = 0, 1, 2
 NAN, INF = float("nan"), float("inf")
 INT = r"int"
 BOOL = r"True or False"
-
-
-def err(names: str, phrase: str):
-    """A ValueError naming one of `names` (word-bounded) and matching `phrase`, anywhere in the message."""
-    return ("raises", rf"(?s)(?=.*\b(?:{names})\b)(?=.*(?:{phrase}))")
 
 
 def rand(*shape, dt=torch.float64, seed=0):
@@ -205,28 +200,4 @@ PLAIN_CASES = [
 ]
 
 
-# ------------------------------------------------------------------------------------------------ the tests
-def _run(call, expected):
-    if expected == OK:
-        call()
-        return
-    kind, pattern = expected
-    assert kind == "raises"
-    with pytest.raises(ValueError, match=pattern):
-        call()
-
-
-def test_case_ids_unique():
-    all_ids = [c[0] for c in TENSOR_CASES + PLAIN_CASES]
-    assert len(set(all_ids)) == len(all_ids), [i for i in all_ids if all_ids.count(i) > 1]
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
-@pytest.mark.parametrize("case_id, call, expected", TENSOR_CASES, ids=[c[0] for c in TENSOR_CASES])
-def test_tensor_case(case_id, call, expected, dtype):
-    _run(lambda: call(dtype), expected)
-
-
-@pytest.mark.parametrize("case_id, call, expected", PLAIN_CASES, ids=[c[0] for c in PLAIN_CASES])
-def test_plain_case(case_id, call, expected):
-    _run(call, expected)
+test_case_ids_unique, test_tensor_case, test_plain_case = table_tests(TENSOR_CASES, PLAIN_CASES)

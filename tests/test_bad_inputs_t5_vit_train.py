@@ -18,20 +18,16 @@ import time
 import pytest
 import torch
 import torch.nn as nn
+from helpers import OK, err, table_tests
+from test_bad_inputs import t5_config, vit_config  # the same tiny models (D, H, FF, V as here)
 
 import transformer_lib.distributed as dst
 import transformer_lib.t5 as t5_mod
 import transformer_lib.train as train_script
 import transformer_lib.vit as vit_mod
 
-OK = "ok"
 D, H, FF, V = 8, 2, 16, 11
 NOT_OURS = r"not a checkpoint written by transformer_lib"
-
-
-def err(names: str, phrase: str):
-    """A ValueError naming one of `names` (word-bounded) and matching `phrase`, anywhere in the message."""
-    return ("raises", rf"(?s)(?=.*\b(?:{names})\b)(?=.*(?:{phrase}))")
 
 
 def ids(*shape, low=3, high=V, seed=0):
@@ -40,16 +36,6 @@ def ids(*shape, low=3, high=V, seed=0):
 
 def rand(*shape, dt=torch.float64, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dt)
-
-
-def t5_config(**kw):
-    return t5_mod.T5Config(**{"vocab_size": V, "d_model": D, "num_heads": H, "d_ff": FF, "num_layers": 1,
-                              "num_decoder_layers": 1, "num_buckets": 8, "max_distance": 16, **kw})
-
-
-def vit_config(**kw):
-    return vit_mod.ViTConfig(**{"image_size": 4, "patch_size": 2, "num_channels": 1, "d_model": D, "num_layers": 1,
-                                "num_heads": H, "d_ff": FF, "num_classes": 3, **kw})
 
 
 @functools.cache
@@ -355,32 +341,13 @@ PLAIN_CASES = [
 ]
 
 
-def _run(call, expected):
-    if expected == OK:
-        call()
-        return
-    kind, pattern = expected
-    assert kind == "raises"
-    with pytest.raises(ValueError, match=pattern):
-        call()
-
-
-def test_table_ids_unique():
-    all_ids = [c[0] for c in TENSOR_CASES + PLAIN_CASES]
-    assert len(set(all_ids)) == len(all_ids), [i for i in all_ids if all_ids.count(i) > 1]
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
-@pytest.mark.parametrize("case_id, call, expected", TENSOR_CASES, ids=[c[0] for c in TENSOR_CASES])
-def test_tensor_case(case_id, call, expected, dtype):
-    _run(lambda: call(dtype), expected)
-
-
-@pytest.mark.parametrize("case_id, call, expected", PLAIN_CASES, ids=[c[0] for c in PLAIN_CASES])
-def test_plain_case(case_id, call, expected, monkeypatch):
+def _no_distributed_environment(monkeypatch):
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK", dst.TIMEOUT_VARIABLE):
         monkeypatch.delenv(name, raising=False)
-    _run(call, expected)
+
+
+test_case_ids_unique, test_tensor_case, test_plain_case = table_tests(TENSOR_CASES, PLAIN_CASES,
+                                                                      before=_no_distributed_environment)
 
 
 def test_timeout_from_the_environment(monkeypatch):
