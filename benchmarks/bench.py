@@ -39,6 +39,7 @@ from transformer_lib.complexity import (
 from transformer_lib.decoding import greedy_decode
 from transformer_lib.model import Transformer, TransformerConfig, transformer_to_torch
 from transformer_lib.multi_head import MultiHeadAttention
+from transformer_lib.validation import checks_due
 
 
 def sync():
@@ -69,11 +70,12 @@ LAST_CPU_TIMES = {}   # CPU seconds of the last paired_times call: less disturbe
 
 
 # ----- prototypes: what nn.Transformer does that our modules do not (patched onto copies, never the library) -----
-def fused_qkv_forward(self, query, key, value, mask=None, need_weights=False, cache=None):
+def fused_qkv_forward(self, query, key, value, mask=None, need_weights=False, cache=None, attn_bias=None):
     """Self-attention with one (3 d_model x d_model) product for Q, K and V, as nn.MultiheadAttention's in_proj."""
-    if not (query is key is value) or need_weights or cache is not None:
-        return MultiHeadAttention.forward(self, query, key, value, mask, need_weights, cache)
-    self._check_inputs(query, key, value, mask, need_weights, cache)
+    if not (query is key is value) or need_weights or cache is not None or attn_bias is not None:
+        return MultiHeadAttention.forward(self, query, key, value, mask, need_weights, cache, attn_bias)
+    if checks_due():
+        self._check_inputs(query, key, value, mask, need_weights, cache)
     weight = torch.cat([self.W_q.weight, self.W_k.weight, self.W_v.weight])      # (3 d_model, d_model)
     bias = torch.cat([self.W_q.bias, self.W_k.bias, self.W_v.bias])
     Q, K, V = (self.split_heads(t) for t in F.linear(query, weight, bias).chunk(3, dim=-1))

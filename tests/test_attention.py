@@ -157,7 +157,7 @@ def test_bad_input_raises_clear_value_error(args, kwargs, match):
 
 @pytest.mark.parametrize("n", [-1, 2.0, "3", True, None])
 def test_causal_mask_rejects_bad_n(n):
-    with pytest.raises(ValueError, match="n must be an int >= 0"):
+    with pytest.raises(ValueError, match="n_q must be an int >= 0"):
         causal_mask(n)
 
 

@@ -5,9 +5,9 @@
   TRANSFORMER_LIB_SOURCE override) and everything after it works;
 - a plain `pip install` of the built wheel (no extras): `python -m transformer_lib.train` works.
 
-torch comes from the same local wheel as ours (no multi-GB download), but the other packages come from the
-package registry: these tests need it (marker `registry`; `make test-fast` leaves them out). Each takes about a
-minute."""
+torch is our own, linked into each virtualenv (no multi-GB download, no copy: tools/torch_overlay.py), but the other
+packages come from the package registry: these tests need it (marker `registry`; `make test-fast` leaves them out).
+Each takes under a minute."""
 
 import json
 import os
@@ -23,6 +23,9 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+import torch_overlay  # noqa: E402
+
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
 pytestmark = pytest.mark.registry
 
@@ -41,9 +44,11 @@ def chapter_as_script(path: Path) -> str:
 
 
 def fresh_python(directory: Path, *packages: str) -> Path:
-    """A new virtualenv with the same torch as ours (no multi-GB download) and `packages`."""
+    """A new virtualenv with our torch (linked by tools/torch_overlay.py: no multi-GB download or copy) and
+    `packages`."""
     venv.EnvBuilder(with_pip=True).create(directory)
     python = directory / "bin" / "python"
+    torch_overlay.link_into(python, directory.parent / "torch-overlay")
     torch_version = torch.__version__.split("+")[0]
     subprocess.run([python, "-m", "pip", "install", "-q", f"torch=={torch_version}", *packages], check=True)
     return python

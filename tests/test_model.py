@@ -301,14 +301,22 @@ def test_input_errors():
             call()
 
 
-def test_token_ids_are_checked_once_per_forward(monkeypatch):
-    import transformer_lib.positional as positional
+def test_checks_run_once_at_the_door(monkeypatch):
+    """The model checks its arguments once; its layers, called inside, skip theirs (Chapter 1's checks_due)."""
+    from transformer_lib.decoder import DecoderLayer
+    from transformer_lib.encoder import EncoderLayer
     calls = []
-    real = positional.check_token_ids
-    monkeypatch.setattr(positional, "check_token_ids", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    for cls in (EncoderLayer, DecoderLayer):
+        real = cls.check_inputs
+        monkeypatch.setattr(cls, "check_inputs", lambda self, *a, _real=real, **k: calls.append(type(self).__name__)
+                            or _real(self, *a, **k))
     model = Transformer(small_config())
     model(tokens(2, 4, 50, seed=1), tokens(2, 3, 50, seed=2))
-    assert calls == ["src", "tgt"]
+    assert calls == []                                     # no layer re-checks what the model has checked
+    model.encoder(torch.randn(2, 4, 32))                   # a stack called directly: its door, checked once
+    assert calls == ["EncoderLayer"]
+    with pytest.raises(ValueError, match="src has token ids from 0 to 50, outside the vocabulary|src holds token ids"):
+        model(torch.tensor([[1, 50]]), tokens(1, 3, 50, seed=2))      # out of range: still a clear error
 
 
 def test_empty_batch():

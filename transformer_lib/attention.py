@@ -8,10 +8,11 @@ import math
 
 import torch
 
-from .validation import check_int, check_mask, check_tensor, describe
+from .validation import (check_attn_bias, check_float, check_int, check_mask, check_tensor,
+                                        checks_due, describe)
 
 # %% ../chapters/01_attention.ipynb #c009
-def scaled_dot_product_attention(Q, K, V, mask=None, dropout=None):
+def scaled_dot_product_attention(Q, K, V, mask=None, dropout=None, *, scale=None, attn_bias=None):
     """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V  (Vaswani et al., 2017, eq. 1).
 
     Q: (..., n_q, d_k)   K: (..., n_k, d_k)   V: (..., n_k, d_v), floating point, one dtype, d_k >= 1.
@@ -20,23 +21,36 @@ def scaled_dot_product_attention(Q, K, V, mask=None, dropout=None):
     dropout: optional callable (e.g. nn.Dropout) applied to the weights. The paper (section 5.4) puts
         dropout only on sublayer outputs and embeddings; dropout on the weights follows the authors'
         tensor2tensor code and nn.MultiheadAttention.
+    scale: the factor of the scores, 1/√d_k when None (T5, Chapter 12, uses 1).
+    attn_bias: optional float tensor added to the scaled scores, with their rank, each axis of their size or 1:
+        a position bias (T5's, Chapter 12). A -inf in it blocks that key, as False in the mask does.
     Returns (output (..., n_q, d_v), weights (..., n_q, n_k)).
     """
-    check_attention_inputs(Q, K, V, mask)
-    d_k = Q.size(-1)
-    scores = Q @ K.transpose(-2, -1) / math.sqrt(d_k)     # (..., n_q, n_k)
+    if checks_due():
+        check_attention_inputs(Q, K, V, mask, scale, attn_bias)
+    if scale is None:
+        scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.size(-1))   # (..., n_q, n_k)
+    else:
+        scores = Q @ K.transpose(-2, -1) * scale
+    if attn_bias is not None:
+        scores = scores + attn_bias
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)                # each row sums to 1 ...
-    if mask is not None:
-        weights = weights.masked_fill(~mask, 0.0)          # ... or is all zeros if nothing may be attended
+    if attn_bias is None:
+        weights = torch.softmax(scores, dim=-1)            # each row sums to 1 ...
+        if mask is not None:
+            weights = weights.masked_fill(~mask, 0.0)      # ... or is all zeros if nothing may be attended
+    else:                                  # a -inf in the bias blocks a key too: a row of them gets zeros
+        blocked = scores == float("-inf")
+        empty = blocked.all(-1, keepdim=True)              # (softmax of a row of 0s, then zeros: no NaN)
+        weights = torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(blocked, 0.0)
     if dropout is not None:
         weights = dropout(weights)
     return weights @ V, weights                            # (..., n_q, d_v), (..., n_q, n_k)
 
 # %% ../chapters/01_attention.ipynb #c009b
-def check_attention_inputs(Q, K, V, mask):
-    """Raise a ValueError that names the argument when shapes, dtypes or the mask do not fit."""
+def check_attention_inputs(Q, K, V, mask, scale=None, attn_bias=None):
+    """Raise a ValueError that names the argument when shapes, dtypes, the mask, scale or attn_bias do not fit."""
     for name, t in (("Q", Q), ("K", K), ("V", V)):
         if not isinstance(t, torch.Tensor) or t.dim() < 2:
             raise ValueError(f"{name} must be a tensor of shape (..., n, d), got {describe(t)}")
@@ -56,16 +70,26 @@ def check_attention_inputs(Q, K, V, mask):
     except RuntimeError:
         raise ValueError(f"the leading (batch, head) dimensions of Q {tuple(Q.shape)}, K {tuple(K.shape)} and "
                          f"V {tuple(V.shape)} do not broadcast") from None
+    scores_shape = (*torch.broadcast_shapes(Q.shape[:-2], K.shape[:-2]), Q.size(-2), K.size(-2))
     if mask is not None:   # the rank of Q Kᵀ, each axis of its size or 1
-        scores_shape = (*torch.broadcast_shapes(Q.shape[:-2], K.shape[:-2]), Q.size(-2), K.size(-2))
         check_mask("mask", mask, scores_shape, "Q Kᵀ (..., n_q, n_k)")
+    if scale is not None:
+        check_float("scale", scale, low_open=True, high_open=True)
+    if attn_bias is not None:
+        check_attn_bias("attn_bias", attn_bias, scores_shape, Q.dtype)
 
 # %% ../chapters/01_attention.ipynb #c022
-def causal_mask(n: int, device=None) -> torch.Tensor:
-    """(n, n) bool mask, True on and below the diagonal: position i may attend to positions 0..i.
-    Give it the scores' rank where needed: causal_mask(n)[None] for (B, n, n), [None, None] for (B, h, n, n)."""
-    check_int("n", n, minimum=0)
-    return torch.ones(n, n, dtype=torch.bool, device=device).tril()
+def causal_mask(n_q: int, n_k: int | None = None, offset: int | None = None, device=None) -> torch.Tensor:
+    """(n_q, n_k) bool mask, True where query i may attend to key j: j <= i + offset.
+
+    causal_mask(n) is the (n, n) lower triangle: position i may attend to positions 0..i. n_k defaults to n_q,
+    offset to n_k - n_q: the queries are the last n_q of n_k positions, as in incremental decoding, where the
+    first n_k - n_q positions are cached (Chapter 8). Give it the scores' rank where needed:
+    causal_mask(n)[None] for (B, n, n), [None, None] for (B, h, n, n)."""
+    check_int("n_q", n_q, minimum=0)
+    n_k = n_q if n_k is None else check_int("n_k", n_k, minimum=0)
+    offset = n_k - n_q if offset is None else check_int("offset", offset, minimum=0)
+    return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(offset)
 
 
 def padding_mask(tokens: torch.Tensor, pad_id: int) -> torch.Tensor:

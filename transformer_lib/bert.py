@@ -2,7 +2,7 @@
 
 # %% auto #0
 __all__ = ['IGNORE_INDEX', 'BertConfig', 'BertEmbeddings', 'init_bert_weights', 'BertModel', 'BertForMaskedLM', 'BertClassifier',
-           'load_hf_bert', 'mask_tokens', 'mlm_loss']
+           'bert_hf_names', 'load_hf_bert', 'to_hf_bert', 'mask_tokens', 'mlm_loss']
 
 # %% ../chapters/10_encoder_only.ipynb #c030
 import dataclasses
@@ -16,8 +16,9 @@ from .attention import padding_mask
 from .encoder import Encoder
 from .feed_forward import ACTIVATIONS
 from .residual import LayerNorm
-from .validation import (check_bool, check_float, check_int, check_probability, check_tensor,
-                                        check_token_ids, describe)
+from .hf import hf_state_dict, load_by_names, save_by_names
+from .validation import (check_bool, check_float, check_int, check_mask, check_probability,
+                                        check_tensor, check_token_ids, checked, checks_due, describe, lookup)
 
 # %% ../chapters/10_encoder_only.ipynb #c031
 @dataclasses.dataclass
@@ -79,7 +80,7 @@ class BertEmbeddings(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, input_ids, segment_ids=None):
-        check_token_ids("input_ids", input_ids, self.config.vocab_size)
+        check_tensor("input_ids", input_ids, dim=2, floating=False, shape_text="(B, length)")
         B, S = input_ids.shape
         if S > self.config.max_len:
             raise ValueError(f"input_ids has S={S} positions, more than max_len={self.config.max_len}")
@@ -88,9 +89,11 @@ class BertEmbeddings(nn.Module):
         elif not isinstance(segment_ids, torch.Tensor) or segment_ids.shape != input_ids.shape:
             raise ValueError(f"segment_ids must have the shape of input_ids {tuple(input_ids.shape)}, "
                              f"got {describe(segment_ids)}")
-        check_token_ids("segment_ids", segment_ids, self.config.type_vocab_size)
+        check_tensor("segment_ids", segment_ids, floating=False, shape_text="(B, length)")
         positions = torch.arange(S, device=input_ids.device)         # 0 .. S-1, learned vectors
-        x = self.token(input_ids) + self.position(positions) + self.segment(segment_ids)   # (B, S, d_model)
+        # lookup = self.token(input_ids), with a clear error for an id outside the table (Chapter 1)
+        x = (lookup(self.token, input_ids, "input_ids") + self.position(positions)
+             + lookup(self.segment, segment_ids, "segment_ids"))      # (B, S, d_model)
         return self.dropout(self.norm(x))
 
 # %% ../chapters/10_encoder_only.ipynb #c033
@@ -122,10 +125,7 @@ class BertModel(nn.Module):
         self.config = config
         self.embeddings = BertEmbeddings(config)
         self.encoder = Encoder(config.num_layers, config.d_model, config.num_heads, config.d_ff, config.dropout,
-                               norm_first=False, final_norm=False, activation="gelu")
-        for module in self.encoder.modules():                         # BERT's LayerNorms use eps = 1e-12
-            if isinstance(module, LayerNorm):
-                module.eps = config.eps
+                               norm_first=False, final_norm=False, activation="gelu", eps=config.eps)
         self.pooler = nn.Linear(config.d_model, config.d_model) if check_bool("add_pooler", add_pooler) else None
         self.apply(init_bert_weights)
 
@@ -138,7 +138,11 @@ class BertModel(nn.Module):
                              "at least one token, or build BertModel(config, add_pooler=False)")
         if mask is None:
             mask = padding_mask(input_ids, self.config.pad_id)        # (B, 1, 1, S)
-        hidden = self.encoder(x, mask, need_weights)                  # (B, S, d_model)
+        elif checks_due():
+            B, S = input_ids.shape
+            check_mask("mask", mask, (B, self.config.num_heads, S, S), "(B, h, S, S)")
+        with checked():                                               # checked once, here: not in every layer
+            hidden = self.encoder(x, mask, need_weights)              # (B, S, d_model)
         pooled = torch.tanh(self.pooler(hidden[:, 0])) if self.pooler is not None else None   # (B, d_model)
         return hidden, pooled
 
@@ -178,7 +182,7 @@ class BertClassifier(nn.Module):
 
 # %% ../chapters/10_encoder_only.ipynb #c037
 def _hf_names(num_layers: int) -> dict:
-    """Our parameter names -> Hugging Face's (BertModel / BertForMaskedLM, without the 'bert.' prefix)."""
+    """Our module names -> Hugging Face's (BertModel / BertForMaskedLM, without the 'bert.' prefix)."""
     names = {"embeddings.token": "embeddings.word_embeddings", "embeddings.position": "embeddings.position_embeddings",
              "embeddings.segment": "embeddings.token_type_embeddings", "embeddings.norm": "embeddings.LayerNorm",
              "pooler": "pooler.dense"}
@@ -195,38 +199,46 @@ def _hf_names(num_layers: int) -> dict:
     return names
 
 
+def bert_hf_names(model) -> dict:
+    """Each of our state_dict keys -> Hugging Face's key, for a BertModel or a BertForMaskedLM (the name map of
+    the table above, one entry per tensor)."""
+    if isinstance(model, BertForMaskedLM):
+        modules = {f"bert.{ours}": f"bert.{theirs}" for ours, theirs in _hf_names(model.bert.config.num_layers).items()}
+        modules |= {"transform": "cls.predictions.transform.dense", "norm": "cls.predictions.transform.LayerNorm",
+                    "bias": "cls.predictions.bias"}
+    elif isinstance(model, BertModel):
+        modules = _hf_names(model.config.num_layers)
+    else:
+        raise ValueError(f"model must be a BertModel or BertForMaskedLM, got {describe(model)}")
+    names = {}
+    for key in model.state_dict():                       # e.g. "encoder.layers.0.self_attn.W_q.weight"
+        module, _, param = key.rpartition(".")
+        names[key] = modules[key] if key in modules else f"{modules[module]}.{param}"
+    return names
+
+
+def _bert_bridge(model):
+    """The name map, the hint and the keys of theirs that need no place in ours (the output layer tied to the
+    embedding, the position-id buffer, and a pooler when ours has none)."""
+    names = bert_hf_names(model)
+    bert = model.bert if isinstance(model, BertForMaskedLM) else model
+    ignore = ("cls.predictions.decoder", "position_ids") + (("pooler",) if bert.pooler is None else ())
+    return names, ("build ours with BertConfig.from_hf(hf_model.config) (add_pooler=False for a BertModel "
+                   "without its pooler)"), ignore
+
+
 def load_hf_bert(model, hf_model):
     """Copy the weights of a Hugging Face BertModel into our BertModel, or of a BertForMaskedLM into our
     BertForMaskedLM (built with the same config: BertConfig.from_hf(hf_model.config)). Returns model."""
-    if isinstance(model, BertForMaskedLM):
-        bert = model.bert
-        names = {f"bert.{ours}": f"bert.{theirs}" for ours, theirs in _hf_names(bert.config.num_layers).items()}
-        names |= {"transform": "cls.predictions.transform.dense", "norm": "cls.predictions.transform.LayerNorm",
-                  "bias": "cls.predictions.bias"}
-    elif isinstance(model, BertModel):
-        bert, names = model, _hf_names(model.config.num_layers)
-    else:
-        raise ValueError(f"model must be a BertModel or BertForMaskedLM, got {describe(model)}")
-    ours, theirs = model.state_dict(), hf_model.state_dict()
-    pairs = {}                                           # our key -> their key
-    for key in ours:                                     # e.g. "encoder.layers.0.self_attn.W_q.weight"
-        module, _, param = key.rpartition(".")
-        pairs[key] = names[key] if key in names else f"{names[module]}.{param}"
-    hint = "build ours with BertConfig.from_hf(hf_model.config)"
-    for key, hf_key in pairs.items():
-        if hf_key not in theirs:
-            raise ValueError(f"hf_model has no {hf_key!r} for our {key!r} (a BertModel without its pooler?): {hint}")
-        if theirs[hf_key].shape != ours[key].shape:
-            raise ValueError(f"hf_model's {hf_key!r} has shape {tuple(theirs[hf_key].shape)}, our {key!r} "
-                             f"{tuple(ours[key].shape)}: {hint}")
-    # every weight of theirs must find a place: all but the tied output layer, and a pooler we do not have
-    unused = [k for k in set(theirs) - set(pairs.values()) if "cls.predictions.decoder" not in k
-              and not k.endswith("position_ids") and not (bert.pooler is None and "pooler" in k)]
-    if unused:
-        raise ValueError(f"hf_model has weights our {type(model).__name__} has no place for, e.g. "
-                         f"{sorted(unused)[:3]}: {hint}")
-    model.load_state_dict({key: theirs[hf_key] for key, hf_key in pairs.items()})
-    return model
+    names, hint, ignore = _bert_bridge(model)
+    return load_by_names(model, hf_state_dict(hf_model), names, hint, ignore)
+
+
+def to_hf_bert(model, hf_model):
+    """The inverse of load_hf_bert: copy our BertModel / BertForMaskedLM into a Hugging Face model of the same
+    config (e.g. transformers.BertModel(config)), in place. Returns hf_model."""
+    names, hint, ignore = _bert_bridge(model)
+    return save_by_names(model, hf_model, names, hint, ignore)
 
 # %% ../chapters/10_encoder_only.ipynb #c040
 IGNORE_INDEX = -100     # label of a position that carries no loss (F.cross_entropy's default ignore_index)

@@ -16,7 +16,7 @@ from .attention import padding_mask
 from .encoder import Encoder
 from .positional import PositionalEncoding, TokenEmbedding
 from .training import warmup_linear_scheduler
-from .validation import check_bool, check_float, check_int, check_tensor, check_token_ids, describe
+from .validation import check_bool, check_float, check_int, check_tensor, checked, describe
 
 # %% ../chapters/10_encoder_only.ipynb #c008
 PAD_ID, CLS_ID, MASK_ID = 0, 1, 2          # special tokens; the values 1..NUM_LEVELS are tokens 3..NUM_LEVELS + 2
@@ -135,7 +135,7 @@ class SequenceClassifier(nn.Module):
         self.head = nn.Linear(d_model, check_int("num_classes", num_classes, 2))
 
     def forward(self, tokens, need_weights: bool = False):
-        check_token_ids("tokens", tokens, self.embed.vocab_size)
+        check_tensor("tokens", tokens, dim=2, floating=False, shape_text="(B, length)")   # ids: by the lookup
         check_bool("need_weights", need_weights)
         if self.pooling == "cls":                                    # [CLS] x_1 ... x_S
             cls = tokens.new_full((tokens.size(0), 1), self.cls_id)
@@ -143,7 +143,8 @@ class SequenceClassifier(nn.Module):
         mask = padding_mask(tokens, self.pad_id)                     # (B, 1, 1, S): keys that are real
         x = self.embed(tokens)                                       # (B, S, d_model)
         x = self.position(x) if self.positional else self.position.dropout(x)
-        hidden = self.encoder(x, mask, need_weights)                 # (B, S, d_model)
+        with checked():                                              # checked once, here: not in every layer
+            hidden = self.encoder(x, mask, need_weights)             # (B, S, d_model)
         return self.head(pool(hidden, mask[:, 0, 0], self.pooling))  # (B, num_classes)
 
     def attention_weights(self) -> list:

@@ -4,55 +4,69 @@
 __all__ = ['DecoderLayer', 'decoder_layer_to_torch', 'Decoder', 'decoder_to_torch']
 
 # %% ../chapters/07_decoder.ipynb #c003
-import torch
 import torch.nn as nn
 
 from .encoder import to_torch_layer, to_torch_stack
 from .feed_forward import PositionwiseFeedForward
 from .multi_head import AttentionCache, MultiHeadAttention
 from .residual import LayerNorm, SublayerConnection
-from .validation import check_bool, check_int, check_mask, check_same_dtype, check_tensor, describe
+from .attention import causal_mask
+from .validation import (check_attn_bias, check_bool, check_int, check_mask, check_same_dtype,
+                                        check_tensor, checked, checks_due, describe)
 
 # %% ../chapters/07_decoder.ipynb #c007
 class DecoderLayer(nn.Module):
     """One decoder layer (section 3.1): masked self-attention, encoder-decoder (cross) attention, FFN, each
     wrapped as LayerNorm(x + Dropout(sublayer(x))) (post-norm; pre-norm with norm_first=True).
 
+    Options, all in the constructor (as nn.TransformerDecoderLayer): activation of the FFN, eps and norm (the
+    normalisation's epsilon and class), bias (in the projections and the FFN), scale (None = 1/√d_k), and
+    cross_attention=False for a decoder-only model (GPT, Chapter 11): self-attention and FFN only, no memory.
     forward: x (B, T, d_model) embedded target, memory (B, S, d_model) encoder output,
              src_mask bool (B|1, h|1, T|1, S), tgt_mask bool (B|1, h|1, T|1, T) -> (B, T, d_model).
     The causal mask is always applied; tgt_mask (e.g. target padding) can only remove more keys.
     cache: new_cache() for incremental decoding; x then holds only the new positions, and the mask's keys
     count the t cached positions too: tgt_mask (B|1, h|1, T|1, t + T).
+    attn_bias: an additive float (B|1, h|1, T|1, t + T) for the self-attention scores (T5's position bias).
     need_weights=True keeps the attention weights in self.self_attn_weights (B, h, T, T) and
     self.cross_attn_weights (B, h, T, S) (None until such a call).
     """
 
-    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, norm_first: bool = False):
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, norm_first: bool = False,
+                 activation: str = "relu", eps: float = 1e-5, norm=LayerNorm, bias: bool = True, scale=None,
+                 cross_attention: bool = True):
         super().__init__()
         self.d_model = check_int("d_model", d_model)
-        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout)    # masked, over the target
-        self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout)   # queries: target; K, V: memory
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=dropout)
-        self.sublayer1 = SublayerConnection(d_model, dropout, norm_first)           # around self-attention
-        self.sublayer2 = SublayerConnection(d_model, dropout, norm_first)           # around cross-attention
-        self.sublayer3 = SublayerConnection(d_model, dropout, norm_first)           # around the FFN
+        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout, bias, scale)   # masked, over the target
+        self.cross_attn = (MultiHeadAttention(d_model, num_heads, dropout, bias, scale)  # Q: target; K, V: memory
+                           if check_bool("cross_attention", cross_attention) else None)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout, activation, bias)
+        # around self-attention, cross-attention and the FFN; without cross-attention (GPT-2) two sublayers
+        for i in range(1, 4 if cross_attention else 3):
+            self.add_module(f"sublayer{i}", SublayerConnection(d_model, dropout, norm_first, eps, norm))
         self.self_attn_weights = None
         self.cross_attn_weights = None
 
     def new_cache(self) -> tuple:
         """An empty cache for incremental decoding: the self-attention keys and values grow by the new
-        positions at every call; the cross-attention ones are projected from memory once (static)."""
-        return AttentionCache(), AttentionCache(static=True)
+        positions at every call; the cross-attention ones are projected from memory once (static; None without
+        cross-attention)."""
+        return AttentionCache(), (AttentionCache(static=True) if self.cross_attn is not None else None)
 
-    def forward(self, x, memory, src_mask=None, tgt_mask=None, need_weights: bool = False, cache=None):
-        self_cache, cross_cache = self._check_inputs(x, memory, src_mask, tgt_mask, cache)
+    def forward(self, x, memory=None, src_mask=None, tgt_mask=None, need_weights: bool = False, cache=None,
+                attn_bias=None):
+        if checks_due():              # called directly: check once, then run as a checked call (Chapter 1)
+            self.check_inputs(x, memory, src_mask, tgt_mask, need_weights, cache, attn_bias)
+            with checked():
+                return self.forward(x, memory, src_mask, tgt_mask, need_weights, cache, attn_bias)
+        self_cache, cross_cache = (None, None) if cache is None else cache
         t, T = len(self_cache or ()), x.size(1)                   # t positions cached before these T
-        mask = torch.ones(T, t + T, dtype=torch.bool, device=x.device).tril(t)[None, None]   # causal, always
+        mask = causal_mask(T, t + T, device=x.device)[None, None]  # (1, 1, T, t + T): causal, always
         if tgt_mask is not None:
             mask = mask & tgt_mask                                # (B|1, h|1, T, t + T): may only remove keys
 
         def self_attention(y):                                    # Q, K, V from the target; future masked
-            out, weights = self.self_attn(y, y, y, mask, need_weights, cache=self_cache)
+            out, weights = self.self_attn(y, y, y, mask, need_weights, cache=self_cache, attn_bias=attn_bias)
             if need_weights:
                 self.self_attn_weights = weights
             return out
@@ -63,50 +77,71 @@ class DecoderLayer(nn.Module):
                 self.cross_attn_weights = weights
             return out
         x = self.sublayer1(x, self_attention)                     # (B, T, d_model)
+        if self.cross_attn is None:
+            return self.sublayer2(x, self.feed_forward)           # (B, T, d_model)
         x = self.sublayer2(x, cross_attention)                    # (B, T, d_model)
         return self.sublayer3(x, self.feed_forward)               # (B, T, d_model)
 
-    def _check_inputs(self, x, memory, src_mask, tgt_mask, cache):
+    def check_inputs(self, x, memory=None, src_mask=None, tgt_mask=None, need_weights=False, cache=None,
+                     attn_bias=None) -> None:
+        """The checks of forward (the stacks and models that call this layer run them once, at their door)."""
         d, h = self.d_model, self.self_attn.num_heads
         check_tensor("x", x, dim=3, last=d, floating=True, shape_text=f"(B, T, d_model={d})")
-        check_tensor("memory", memory, dim=3, last=d, floating=True, shape_text=f"(B, S, d_model={d})")
-        (B, T), S = x.shape[:2], memory.size(1)
-        if memory.size(0) != B:
-            raise ValueError(f"memory must have the target's batch size B={B}, got {describe(memory)}")
-        check_same_dtype("the module", self.self_attn.W_q.weight, x=x, memory=memory)
+        check_same_dtype("the module", self.self_attn.W_q.weight, x=x)
+        check_bool("need_weights", need_weights)
+        B, T = x.shape[:2]
+        if self.cross_attn is None:
+            if memory is not None or src_mask is not None:
+                raise ValueError(f"this layer has no cross-attention (cross_attention=False): memory and src_mask must "
+                                 f"be None, got memory={describe(memory)}, src_mask={describe(src_mask)}")
+        else:
+            check_tensor("memory", memory, dim=3, last=d, floating=True, shape_text=f"(B, S, d_model={d})")
+            if memory.size(0) != B:
+                raise ValueError(f"memory must have the target's batch size B={B}, got {describe(memory)}")
+            check_same_dtype("the module", self.self_attn.W_q.weight, memory=memory)
+            if src_mask is not None:
+                check_mask("src_mask", src_mask, (B, h, T, memory.size(1)), "(B, h, T, S)")
         if cache is not None and not (isinstance(cache, tuple) and len(cache) == 2
-                                      and all(isinstance(c, AttentionCache) for c in cache)
-                                      and not cache[0].static and cache[1].static):
+                                      and isinstance(cache[0], AttentionCache) and not cache[0].static
+                                      and (cache[1] is None if self.cross_attn is None
+                                           else isinstance(cache[1], AttentionCache) and cache[1].static)):
             raise ValueError(f"cache must come from DecoderLayer.new_cache(): (AttentionCache(), "
-                             f"AttentionCache(static=True)), got {describe(cache)}")
+                             f"AttentionCache(static=True) or None without cross-attention), got {describe(cache)}")
         t = 0 if cache is None else len(cache[0])
+        if cache is not None and t and cache[0].k.size(0) != B:
+            raise ValueError(f"cache holds {cache[0].k.size(0)} batch rows but x has B={B}; "
+                             f"use cache reorder(index) when the batch changes")
         if tgt_mask is not None:
             check_mask("tgt_mask", tgt_mask, (B, h, T, t + T), "(B, h, T, t + T)" if t else "(B, h, T, T)")
-        if src_mask is not None:
-            check_mask("src_mask", src_mask, (B, h, T, S), "(B, h, T, S)")
-        return (None, None) if cache is None else cache
+        if attn_bias is not None:
+            check_attn_bias("attn_bias", attn_bias, (B, h, T, t + T), x.dtype)
 
 # %% ../chapters/07_decoder.ipynb #c013
 def decoder_layer_to_torch(layer: DecoderLayer) -> nn.TransformerDecoderLayer:
     """An nn.TransformerDecoderLayer (batch_first, ReLU) with the same weights, dropout and norm placement."""
-    if not isinstance(layer, DecoderLayer):
-        raise ValueError(f"layer must be a DecoderLayer, got {type(layer).__name__}")
+    if not isinstance(layer, DecoderLayer) or layer.cross_attn is None:
+        raise ValueError(f"layer must be a DecoderLayer with cross-attention, got {type(layer).__name__}")
     return to_torch_layer(layer, nn.TransformerDecoderLayer, {"self_attn": "self_attn", "cross_attn": "multihead_attn"})
 
 # %% ../chapters/07_decoder.ipynb #c016
 class Decoder(nn.Module):
-    """A stack of num_layers DecoderLayers, each with its own weights, and an optional final LayerNorm.
+    """A stack of num_layers DecoderLayers, each with its own weights, and an optional final norm.
 
-    forward: x (B, T, d_model), memory (B, S, d_model), src_mask, tgt_mask (as in DecoderLayer) -> (B, T, d_model).
+    The layer options (activation, eps, norm, bias, scale, cross_attention) are DecoderLayer's; the final norm is
+    norm(d_model, eps).
+    forward: x (B, T, d_model), memory (B, S, d_model), src_mask, tgt_mask, attn_bias (as in DecoderLayer; the
+    bias is shared by every layer) -> (B, T, d_model).
     cache: new_cache(), one DecoderLayer cache per layer, for incremental decoding.
     """
 
     def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
-                 norm_first: bool = False, final_norm: bool = True):
+                 norm_first: bool = False, final_norm: bool = True, activation: str = "relu", eps: float = 1e-5,
+                 norm=LayerNorm, bias: bool = True, scale=None, cross_attention: bool = True):
         super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(d_model, num_heads, d_ff, dropout, norm_first)
+        self.layers = nn.ModuleList(DecoderLayer(d_model, num_heads, d_ff, dropout, norm_first, activation, eps, norm,
+                                                 bias, scale, cross_attention)
                                     for _ in range(check_int("num_layers", num_layers)))
-        self.norm = LayerNorm(d_model) if check_bool("final_norm", final_norm) else None
+        self.norm = norm(d_model, eps=eps) if check_bool("final_norm", final_norm) else None
 
     def new_cache(self) -> list:
         return [layer.new_cache() for layer in self.layers]
@@ -120,10 +155,16 @@ class Decoder(nn.Module):
                              f"caches, got {describe(cache)}")
         return len(cache[0][0])
 
-    def forward(self, x, memory, src_mask=None, tgt_mask=None, need_weights: bool = False, cache=None):
-        self.cache_length(cache)                                     # validates the cache
+    def forward(self, x, memory=None, src_mask=None, tgt_mask=None, need_weights: bool = False, cache=None,
+                attn_bias=None):
+        if checks_due():              # check once here, not in every layer
+            self.cache_length(cache)                                 # validates the cache
+            self.layers[0].check_inputs(x, memory, src_mask, tgt_mask, need_weights,
+                                        None if cache is None else cache[0], attn_bias)
+            with checked():
+                return self.forward(x, memory, src_mask, tgt_mask, need_weights, cache, attn_bias)
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory, src_mask, tgt_mask, need_weights, None if cache is None else cache[i])
+            x = layer(x, memory, src_mask, tgt_mask, need_weights, None if cache is None else cache[i], attn_bias)
         return self.norm(x) if self.norm is not None else x        # (B, T, d_model)
 
 

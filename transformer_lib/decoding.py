@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from .attention import padding_mask
 from .validation import (check_bool, check_float, check_int, check_mask, check_rows, check_same_dtype,
-                                        check_tensor, check_token_ids, describe)
+                                        check_tensor, check_token_ids, checked, checks_due, describe)
 
 # %% ../chapters/08_training.ipynb #c047
 def _check_decoding_args(model, src, bos_id, eos_id, pad_id, max_new_tokens, alpha) -> int:
@@ -66,24 +66,25 @@ def greedy_decode(model, src, src_mask=None, *, bos_id: int, eos_id: int, pad_id
     if B == 0:
         return _no_output(device)
     memory = model.encode(src, src_mask)                                 # (B, S, d_model), computed once
-    cache = KVCache(model, memory, src_mask) if use_cache else None
+    cache = KVCache(model, memory, src_mask) if use_cache else None      # (checks src_mask and the mode)
     ys = torch.full((B, 1), bos_id, dtype=torch.long, device=device)    # (B, 1 + t): BOS, then the output
     done = torch.zeros(B, dtype=torch.bool, device=device)
     logp_sum = torch.zeros(B, dtype=torch.float64, device=device)       # log P(Y | X) of each output so far
     length = torch.zeros(B, dtype=torch.long, device=device)            # |Y|: tokens up to and with EOS
-    for _ in range(max_new_tokens):
-        if use_cache:
-            logits = cache.step(ys[:, -1])                               # (B, V): feed only the newest token
-        else:
-            logits = model.generator(model.decode(ys, memory, src_mask)[:, -1])   # (B, V): the whole prefix
-        next_token = logits.argmax(dim=-1).masked_fill(done, pad_id)   # (B,)
-        logp = F.log_softmax(logits.double(), dim=-1).gather(1, next_token[:, None]).squeeze(1)
-        logp_sum += logp.masked_fill(done, 0.0)
-        length += ~done
-        ys = torch.cat([ys, next_token[:, None]], dim=1)
-        done |= next_token == eos_id
-        if done.all():
-            break
+    with checked():                      # all checked above: no checks and one device read per step
+        for _ in range(max_new_tokens):
+            if use_cache:
+                logits = cache.step(ys[:, -1])                           # (B, V): feed only the newest token
+            else:
+                logits = model.generator(model.decode(ys, memory, src_mask)[:, -1])   # (B, V): the whole prefix
+            next_token = logits.argmax(dim=-1).masked_fill(done, pad_id)   # (B,)
+            logp = F.log_softmax(logits.double(), dim=-1).gather(1, next_token[:, None]).squeeze(1)
+            logp_sum += logp.masked_fill(done, 0.0)
+            length += ~done
+            ys = torch.cat([ys, next_token[:, None]], dim=1)
+            done |= next_token == eos_id
+            if done.all():                                               # the one read per step: stop?
+                break
     return ys[:, 1:], logp_sum / length_penalty(length.double(), alpha)   # drop BOS
 
 # %% ../chapters/08_training.ipynb #c049
@@ -117,15 +118,17 @@ class KVCache:
     def step(self, tokens):
         """tokens (B,) at position t -> logits (B, V) for position t + 1."""
         B = self.memory.size(0)
-        check_token_ids("tokens", tokens, self.model.config.tgt_vocab_size, dim=1)
-        if tokens.size(0) != B:
-            raise ValueError(f"tokens must have shape (B={B},) like memory, got {describe(tokens)}")
+        if checks_due():                 # called directly (greedy_decode and beam_search have checked everything)
+            check_token_ids("tokens", tokens, self.model.config.tgt_vocab_size, dim=1)
+            if tokens.size(0) != B:
+                raise ValueError(f"tokens must have shape (B={B},) like memory, got {describe(tokens)}")
         hidden = self.model.decode(tokens[:, None], self.memory, self.src_mask, cache=self.layers)  # (B, 1, d)
         return self.model.generator(hidden[:, -1])                       # (B, V)
 
     def reorder(self, index):
         """Select (and duplicate) batch rows of every cached tensor: cache[index]. Beam search needs it."""
-        check_rows("index", index, self.memory.size(0))
+        if checks_due():
+            check_rows("index", index, self.memory.size(0))
         for self_cache, cross_cache in self.layers:
             self_cache.reorder(index)
             cross_cache.reorder(index)
@@ -204,28 +207,30 @@ def beam_search(model, src, src_mask=None, *, bos_id: int, eos_id: int, pad_id: 
     best_score = torch.full((B,), -math.inf, dtype=torch.float64, device=device)
     best_len = torch.zeros(B, dtype=torch.long, device=device)
     row0 = torch.arange(B, device=device)[:, None] * k                       # (B, 1) first row of each source
-    for t in range(1, max_len + 1):
-        logp = F.log_softmax(cache.step(last).double(), dim=-1)              # (B*k, V)
-        V = logp.size(-1)
-        candidates = (scores.view(B * k, 1) + logp).view(B, k * V)           # every extension of every hypothesis
-        top, flat = candidates.topk(k, dim=1)                                # (B, k), best first
-        rows, tokens = (row0 + flat // V).view(-1), flat % V                  # parent row in (B*k), new token
-        seqs = torch.cat([seqs[rows], tokens.view(-1, 1)], dim=1)            # (B*k, t)
-        rank = torch.arange(k, device=device)[None]
-        kept = (rank < open_slots[:, None]) & (top > -math.inf)             # (B, k) within the shrinking beam
-        ended = kept & ((tokens == eos_id) | (t == max_len))                 # finished now
-        normalized = (top / length_penalty(t, alpha)).masked_fill(~ended, -math.inf)
-        score, j = normalized.max(dim=1)                                      # (B,) best hypothesis finished now
-        better = score > best_score
-        best[better, :t] = seqs[(row0[:, 0] + j)[better]]
-        best_score = torch.where(better, score, best_score)
-        best_len = torch.where(better, t, best_len)
-        open_slots = open_slots - ended.sum(dim=1)
-        scores = top.masked_fill(~kept | ended, -math.inf)
-        if scores.isinf().all():                                              # nothing open anywhere
-            break
-        cache.reorder(rows)
-        last = tokens.view(-1)
+    with checked():                      # all checked above: no checks inside the loop
+        for t in range(1, max_len + 1):
+            logp = F.log_softmax(cache.step(last).double(), dim=-1)              # (B*k, V)
+            V = logp.size(-1)
+            candidates = (scores.view(B * k, 1) + logp).view(B, k * V)           # every extension of every hypothesis
+            top, flat = candidates.topk(k, dim=1)                                # (B, k), best first
+            rows, tokens = (row0 + flat // V).view(-1), flat % V                  # parent row in (B*k), new token
+            seqs = torch.cat([seqs[rows], tokens.view(-1, 1)], dim=1)            # (B*k, t)
+            rank = torch.arange(k, device=device)[None]
+            kept = (rank < open_slots[:, None]) & (top > -math.inf)             # (B, k) within the shrinking beam
+            ended = kept & ((tokens == eos_id) | (t == max_len))                 # finished now
+            normalized = (top / length_penalty(t, alpha)).masked_fill(~ended, -math.inf)
+            score, j = normalized.max(dim=1)                                      # (B,) best hypothesis finished now
+            better = score > best_score
+            # torch.where, not best[better] = ...: boolean indexing would read `better` back from the device
+            best[:, :t] = torch.where(better[:, None], seqs[row0[:, 0] + j], best[:, :t])
+            best_score = torch.where(better, score, best_score)
+            best_len = torch.where(better, t, best_len)
+            open_slots = open_slots - ended.sum(dim=1)
+            scores = top.masked_fill(~kept | ended, -math.inf)
+            if scores.isinf().all():                           # nothing open anywhere: the one read per step
+                break
+            cache.reorder(rows)
+            last = tokens.view(-1)
     return best[:, :int(best_len.max())], best_score
 
 # %% ../chapters/08_training.ipynb #c057

@@ -9,7 +9,8 @@ import torch.nn as nn
 from .feed_forward import ACTIVATIONS, PositionwiseFeedForward
 from .multi_head import MultiHeadAttention, copy_to_torch_mha
 from .residual import LayerNorm, SublayerConnection
-from .validation import check_bool, check_int, check_mask, check_same_dtype, check_tensor
+from .validation import (check_bool, check_int, check_mask, check_same_dtype, check_tensor, checked,
+                                        check_attn_bias, checks_due)
 
 # %% ../chapters/06_encoder.ipynb #c007
 class EncoderLayer(nn.Module):
@@ -17,35 +18,49 @@ class EncoderLayer(nn.Module):
 
     norm_first=True gives the pre-norm variant: x + SelfAttn(LayerNorm(x)), then . + FFN(LayerNorm(.)).
     activation: the FFN's nonlinearity, "relu" (the paper), "gelu" or "gelu_tanh" (Chapter 4).
-    forward: x (B, S, d_model), src_mask bool (B|1, h|1, S|1, S), True = may attend -> (B, S, d_model).
+    eps, norm: the normalisation's epsilon and class (LayerNorm; Chapter 12's RMSNorm); bias: biases in the
+    projections and the FFN; scale: the attention's factor (None = 1/√d_k). All options are set here, in the
+    constructor, as in nn.TransformerEncoderLayer: the families of Part III configure this layer, never patch it.
+    forward: x (B, S, d_model), src_mask bool (B|1, h|1, S|1, S), True = may attend -> (B, S, d_model);
+    attn_bias: an additive float (B|1, h|1, S|1, S) for the scores (T5's position bias).
     With need_weights=True the attention weights (B, h, S, S) are kept in self.self_attn_weights
     (None until such a call).
     """
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, norm_first: bool = False,
-                 activation: str = "relu"):
+                 activation: str = "relu", eps: float = 1e-5, norm=LayerNorm, bias: bool = True, scale=None):
         super().__init__()
         self.d_model = check_int("d_model", d_model)
-        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout)      # dropout on the weights
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout, activation)  # dropout after it
-        self.sublayer1 = SublayerConnection(d_model, dropout, norm_first)            # around self-attention
-        self.sublayer2 = SublayerConnection(d_model, dropout, norm_first)            # around the FFN
+        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout, bias, scale)    # dropout on the weights
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout, activation, bias)  # dropout after it
+        self.sublayer1 = SublayerConnection(d_model, dropout, norm_first, eps, norm)     # around self-attention
+        self.sublayer2 = SublayerConnection(d_model, dropout, norm_first, eps, norm)     # around the FFN
         self.self_attn_weights = None
 
-    def forward(self, x, src_mask=None, need_weights: bool = False):
-        check_tensor("x", x, dim=3, last=self.d_model, floating=True, shape_text=f"(B, S, d_model={self.d_model})")
-        check_same_dtype("the module", self.self_attn.W_q.weight, x=x)
-        if src_mask is not None:
-            B, S = x.shape[:2]
-            check_mask("src_mask", src_mask, (B, self.self_attn.num_heads, S, S), "(B, h, S, S)")
+    def forward(self, x, src_mask=None, need_weights: bool = False, attn_bias=None):
+        if checks_due():              # called directly: check once, then run as a checked call (Chapter 1)
+            self.check_inputs(x, src_mask, need_weights, attn_bias)
+            with checked():
+                return self.forward(x, src_mask, need_weights, attn_bias)
 
         def self_attention(y):                                    # queries, keys and values all come from y
-            out, weights = self.self_attn(y, y, y, src_mask, need_weights)
+            out, weights = self.self_attn(y, y, y, src_mask, need_weights, attn_bias=attn_bias)
             if need_weights:
                 self.self_attn_weights = weights
             return out
         x = self.sublayer1(x, self_attention)                     # (B, S, d_model)
         return self.sublayer2(x, self.feed_forward)               # (B, S, d_model)
+
+    def check_inputs(self, x, src_mask=None, need_weights=False, attn_bias=None) -> None:
+        """The checks of forward (the stacks and models that call this layer run them once, at their door)."""
+        check_tensor("x", x, dim=3, last=self.d_model, floating=True, shape_text=f"(B, S, d_model={self.d_model})")
+        check_same_dtype("the module", self.self_attn.W_q.weight, x=x)
+        check_bool("need_weights", need_weights)
+        B, S = x.shape[:2]
+        if src_mask is not None:
+            check_mask("src_mask", src_mask, (B, self.self_attn.num_heads, S, S), "(B, h, S, S)")
+        if attn_bias is not None:
+            check_attn_bias("attn_bias", attn_bias, (B, self.self_attn.num_heads, S, S), x.dtype)
 
 # %% ../chapters/06_encoder.ipynb #c013
 def to_torch_layer(layer: nn.Module, torch_class: type, attentions: dict) -> nn.Module:
@@ -53,12 +68,15 @@ def to_torch_layer(layer: nn.Module, torch_class: type, attentions: dict) -> nn.
     with our layer's sizes, activation, dropout, norm placement and weights. attentions maps our attention
     modules' names to PyTorch's; the i-th SublayerConnection's LayerNorm goes to norm{i}."""
     sublayers = [m for m in layer.children() if isinstance(m, SublayerConnection)]
+    if not all(type(s.norm) is LayerNorm for s in sublayers) or layer.self_attn.scale is not None:
+        raise ValueError("PyTorch's layers use LayerNorm and the scale 1/√d_k: this layer was built with another "
+                         "norm or scale")
     w = layer.self_attn.W_q.weight
     activation = layer.feed_forward.activation          # PyTorch takes "relu" and "gelu" by name
     activation = activation if activation in ("relu", "gelu") else ACTIVATIONS[activation]
     theirs = torch_class(layer.d_model, layer.self_attn.num_heads, layer.feed_forward.d_ff,
                          dropout=sublayers[0].dropout.p, activation=activation, layer_norm_eps=sublayers[0].norm.eps,
-                         batch_first=True, norm_first=sublayers[0].norm_first, device=w.device, dtype=w.dtype)
+                         bias=layer.self_attn.W_q.bias is not None, batch_first=True, norm_first=sublayers[0].norm_first, device=w.device, dtype=w.dtype)
     for ours, their_name in attentions.items():
         copy_to_torch_mha(getattr(layer, ours), getattr(theirs, their_name))     # Chapter 2's weight copy
     theirs.linear1.load_state_dict(layer.feed_forward.linear1.state_dict())
@@ -76,21 +94,29 @@ def encoder_layer_to_torch(layer: EncoderLayer) -> nn.TransformerEncoderLayer:
 
 # %% ../chapters/06_encoder.ipynb #c017
 class Encoder(nn.Module):
-    """A stack of num_layers EncoderLayers, each with its own weights, and an optional final LayerNorm.
+    """A stack of num_layers EncoderLayers, each with its own weights, and an optional final norm.
 
-    forward: x (B, S, d_model) embedded source, src_mask bool (B|1, h|1, S|1, S) -> (B, S, d_model).
+    The layer options (activation, eps, norm, bias, scale) are EncoderLayer's; the final norm is norm(d_model, eps).
+    forward: x (B, S, d_model) embedded source, src_mask bool (B|1, h|1, S|1, S) -> (B, S, d_model);
+    attn_bias (B|1, h|1, S|1, S), if given, is added to the scores of every layer (T5 shares one position bias).
     """
 
     def __init__(self, num_layers: int, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1,
-                 norm_first: bool = False, final_norm: bool = True, activation: str = "relu"):
+                 norm_first: bool = False, final_norm: bool = True, activation: str = "relu", eps: float = 1e-5,
+                 norm=LayerNorm, bias: bool = True, scale=None):
         super().__init__()
-        self.layers = nn.ModuleList(EncoderLayer(d_model, num_heads, d_ff, dropout, norm_first, activation)
+        self.layers = nn.ModuleList(EncoderLayer(d_model, num_heads, d_ff, dropout, norm_first, activation, eps, norm,
+                                                 bias, scale)
                                     for _ in range(check_int("num_layers", num_layers)))
-        self.norm = LayerNorm(d_model) if check_bool("final_norm", final_norm) else None
+        self.norm = norm(d_model, eps=eps) if check_bool("final_norm", final_norm) else None
 
-    def forward(self, x, src_mask=None, need_weights: bool = False):
+    def forward(self, x, src_mask=None, need_weights: bool = False, attn_bias=None):
+        if checks_due():              # check once here, not in every layer
+            self.layers[0].check_inputs(x, src_mask, need_weights, attn_bias)
+            with checked():
+                return self.forward(x, src_mask, need_weights, attn_bias)
         for layer in self.layers:
-            x = layer(x, src_mask, need_weights)                  # (B, S, d_model)
+            x = layer(x, src_mask, need_weights, attn_bias)       # (B, S, d_model)
         return self.norm(x) if self.norm is not None else x
 
 

@@ -7,7 +7,8 @@ __all__ = ['ACTIVATIONS', 'PositionwiseFeedForward']
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .validation import check_bool, check_int, check_probability, check_same_dtype, check_tensor
+from .validation import (check_bool, check_int, check_probability, check_same_dtype, check_tensor,
+                                        checks_due)
 
 # %% ../chapters/04_feed_forward.ipynb #c009
 # The nonlinearity between the two layers. The paper uses ReLU; Part III's models use GELU, x·Φ(x)
@@ -36,7 +37,8 @@ class PositionwiseFeedForward(nn.Module):
         self.dropout = nn.Dropout(check_probability("dropout", dropout))
 
     def forward(self, x):
-        check_tensor("x", x, last=self.d_model, floating=True, shape_text=f"(..., d_model={self.d_model})")
-        check_same_dtype("the module", self.linear1.weight, x=x)
+        if checks_due():
+            check_tensor("x", x, last=self.d_model, floating=True, shape_text=f"(..., d_model={self.d_model})")
+            check_same_dtype("the module", self.linear1.weight, x=x)
         hidden = ACTIVATIONS[self.activation](self.linear1(x))    # (..., d_ff)
         return self.linear2(self.dropout(hidden))                 # (..., d_model)

@@ -15,7 +15,7 @@ from .decoder import Decoder, decoder_to_torch
 from .encoder import Encoder, encoder_to_torch
 from .positional import PositionalEncoding, TokenEmbedding
 from .validation import (check_bool, check_int, check_mask, check_probability, check_same_dtype,
-                                        check_tensor, describe)
+                                        check_tensor, checked, checks_due, describe)
 
 # %% ../chapters/07_decoder.ipynb #c023
 @dataclass
@@ -114,27 +114,37 @@ class Transformer(nn.Module):
 
     def encode(self, src, src_mask=None, need_weights: bool = False):
         """src (B, S) token ids -> memory (B, S, d_model). need_weights: keep every layer's attention maps."""
-        x = self.pos_encoding(self.src_embed(src, name="src"))  # (B, S, d_model): sqrt(d) * E[src] + PE
-        if src_mask is not None:
-            check_mask("src_mask", src_mask, (src.size(0), 1, 1, src.size(1)), "(B, 1, 1, S)")
-        return self.encoder(x, src_mask, need_weights)          # (B, S, d_model)
+        x = self.src_embed(src, name="src")                     # checks src: (B, S) ids in the vocabulary
+        if checks_due():                                        # the door: the layers inside check nothing
+            check_bool("need_weights", need_weights)
+            if src_mask is not None:
+                check_mask("src_mask", src_mask, (src.size(0), 1, 1, src.size(1)), "(B, 1, 1, S)")
+        with checked():
+            x = self.pos_encoding(x)                            # (B, S, d_model): sqrt(d) * E[src] + PE
+            return self.encoder(x, src_mask, need_weights)      # (B, S, d_model)
 
     def decode(self, tgt, memory, src_mask=None, tgt_mask=None, need_weights: bool = False, cache=None):
         """tgt (B, T) token ids, memory (B, S, d_model) -> hidden states (B, T, d_model), before the generator.
         cache: decoder.new_cache() for incremental decoding; tgt then holds only the new tokens, and the
         positional encodings start after the t cached positions (tgt_mask: (B|1, 1, 1|T, t + T))."""
         t = self.decoder.cache_length(cache)
-        x = self.pos_encoding(self.tgt_embed(tgt, name="tgt"), t)           # (B, T, d_model)
-        (B, T), d = tgt.shape, self.config.d_model
-        check_tensor("memory", memory, dim=3, last=d, floating=True, shape_text=f"(B={B}, S, d_model={d})")
-        if memory.size(0) != B:
-            raise ValueError(f"memory must have shape (B={B}, S, d_model={d}), got {describe(memory)}")
-        check_same_dtype("the model", self.generator.weight, memory=memory)
-        if src_mask is not None:
-            check_mask("src_mask", src_mask, (B, 1, 1, memory.size(1)), "(B, 1, 1, S)")
-        if tgt_mask is not None:
-            check_mask("tgt_mask", tgt_mask, (B, 1, T, t + T), "(B, 1, T, T)")
-        return self.decoder(x, memory, src_mask, tgt_mask, need_weights, cache)   # (B, T, d_model)
+        x = self.tgt_embed(tgt, name="tgt")                                 # checks tgt
+        if checks_due():                                                    # the door: the layers check nothing
+            (B, T), d = tgt.shape, self.config.d_model
+            check_tensor("memory", memory, dim=3, last=d, floating=True, shape_text=f"(B={B}, S, d_model={d})")
+            if memory.size(0) != B:
+                raise ValueError(f"memory must have shape (B={B}, S, d_model={d}), got {describe(memory)}")
+            check_same_dtype("the model", self.generator.weight, memory=memory)
+            check_bool("need_weights", need_weights)
+            if src_mask is not None:
+                check_mask("src_mask", src_mask, (B, 1, 1, memory.size(1)), "(B, 1, 1, S)")
+            if tgt_mask is not None:
+                check_mask("tgt_mask", tgt_mask, (B, 1, T, t + T), "(B, 1, T, T)")
+            if t and cache[0][0].k.size(0) != B:
+                raise ValueError(f"cache holds {cache[0][0].k.size(0)} batch rows but tgt has B={B}")
+        with checked():
+            x = self.pos_encoding(x, t)                                     # (B, T, d_model)
+            return self.decoder(x, memory, src_mask, tgt_mask, need_weights, cache)   # (B, T, d_model)
 
     def forward(self, src, tgt, src_mask=None, tgt_mask=None, need_weights: bool = False):
         memory = self.encode(src, src_mask, need_weights)                   # (B, S, d_model)

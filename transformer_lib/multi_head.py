@@ -9,8 +9,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention import scaled_dot_product_attention
-from .validation import (check_bool, check_int, check_mask, check_probability, check_rows,
-                                        check_same_dtype, check_tensor)
+from .validation import (check_attn_bias, check_bool, check_float, check_int, check_mask,
+                                        check_probability, check_rows, check_same_dtype, check_tensor, checked,
+                                        checks_due)
 
 # %% ../chapters/02_multi_head_attention.ipynb #c015
 class MultiHeadAttention(nn.Module):
@@ -18,7 +19,7 @@ class MultiHeadAttention(nn.Module):
     (Vaswani et al., 2017, section 3.2.2). The h projections of one kind are stored side by side in one
     nn.Linear(d_model, d_model): head i owns output features i*d_k ... (i+1)*d_k - 1."""
 
-    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.1, bias: bool = True):
+    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.1, bias: bool = True, scale=None):
         super().__init__()
         check_int("d_model", d_model)
         check_int("num_heads", num_heads)
@@ -26,6 +27,8 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"d_model={d_model} must be divisible by num_heads={num_heads}: "
                              f"each head gets d_k = d_model / num_heads features")
         self.d_model, self.num_heads, self.d_k = d_model, num_heads, d_model // num_heads
+        # the factor of the scores: None = 1/√d_k (the paper); T5 (Chapter 12) uses 1
+        self.scale = None if scale is None else check_float("scale", scale, low_open=True, high_open=True)
         self.W_q = nn.Linear(d_model, d_model, bias=check_bool("bias", bias))   # [W_q_1 | ... | W_q_h], transposed
         self.W_k = nn.Linear(d_model, d_model, bias=bias)
         self.W_v = nn.Linear(d_model, d_model, bias=bias)
@@ -40,13 +43,17 @@ class MultiHeadAttention(nn.Module):
         B, h, n, d_k = x.shape
         return x.transpose(1, 2).reshape(B, n, h * d_k)     # = Concat(head_1, ..., head_h)
 
-    def forward(self, query, key, value, mask=None, need_weights=False, cache=None):
+    def forward(self, query, key, value, mask=None, need_weights=False, cache=None, attn_bias=None):
         """query (B, n_q, d_model), key and value (B, n_k, d_model), in the dtype of the weights.
         mask: bool, True = may attend, with the rank of the scores: (B|1, h|1, n_q|1, n_k).
         cache: an AttentionCache for incremental decoding (section 2.9); n_k then counts the cached positions.
             Once a static cache holds the memory's keys and values, key and value are not read (may be None).
+        attn_bias: optional float (B|1, h|1, n_q|1, n_k) added to the scaled scores (T5's position bias).
         Returns (output (B, n_q, d_model), weights (B, h, n_q, n_k) if need_weights else None)."""
-        reuse = self._check_inputs(query, key, value, mask, need_weights, cache)
+        if checks_due():
+            reuse = self._check_inputs(query, key, value, mask, need_weights, cache, attn_bias)
+        else:
+            reuse = cache is not None and cache.static and cache.k is not None
         Q = self.split_heads(self.W_q(query))               # (B, h, n_q, d_k)
         if reuse:                                           # static cache: the memory was projected before
             K, V = cache.k, cache.v
@@ -58,13 +65,18 @@ class MultiHeadAttention(nn.Module):
                     K, V = torch.cat([cache.k, K], dim=2), torch.cat([cache.v, V], dim=2)
                 cache.k, cache.v = K, V
         if need_weights:   # Chapter 1's function: returns every head's weights
-            out, weights = scaled_dot_product_attention(Q, K, V, mask, self.dropout)
+            with checked():
+                out, weights = scaled_dot_product_attention(Q, K, V, mask, self.dropout, scale=self.scale,
+                                                            attn_bias=attn_bias)
         else:              # PyTorch's fused kernel: same function, the weights are never returned
             p = self.dropout.p if self.training else 0.0
-            out, weights = F.scaled_dot_product_attention(Q, K, V, attn_mask=mask, dropout_p=p), None
+            if attn_bias is not None:                       # one additive mask: the bias, -inf where blocked
+                mask = attn_bias if mask is None else attn_bias.masked_fill(~mask, float("-inf"))
+            out = F.scaled_dot_product_attention(Q, K, V, attn_mask=mask, dropout_p=p, scale=self.scale)
+            weights = None
         return self.W_o(self.merge_heads(out)), weights     # (B, n_q, d_model), (B, h, n_q, n_k) or None
 
-    def _check_inputs(self, query, key, value, mask, need_weights, cache) -> bool:
+    def _check_inputs(self, query, key, value, mask, need_weights, cache, attn_bias=None) -> bool:
         """Raise a ValueError naming the argument; return True when a static cache supplies K and V."""
         check_bool("need_weights", need_weights)
         if cache is not None and not isinstance(cache, AttentionCache):
@@ -88,6 +100,8 @@ class MultiHeadAttention(nn.Module):
         n_k = t if reuse else t + key.size(1)
         if mask is not None:
             check_mask("mask", mask, (B, self.num_heads, query.size(1), n_k))
+        if attn_bias is not None:
+            check_attn_bias("attn_bias", attn_bias, (B, self.num_heads, query.size(1), n_k), self.W_q.weight.dtype)
         return reuse
 
 # %% ../chapters/02_multi_head_attention.ipynb #c019
@@ -134,5 +148,6 @@ class AttentionCache:
         """Keep or duplicate batch rows (beam search): K, V = K[index], V[index]. index: 1-D integer tensor."""
         if self.k is None:
             return
-        check_rows("index", index, self.k.size(0))
+        if checks_due():                                    # beam search checks its own rows once
+            check_rows("index", index, self.k.size(0))
         self.k, self.v = self.k[index], self.v[index]

@@ -9,7 +9,7 @@ import math
 import torch
 import torch.nn as nn
 
-from .validation import check_int, check_probability, check_tensor, check_token_ids
+from .validation import check_int, check_probability, check_tensor, checks_due, lookup
 
 # %% ../chapters/03_positional_encoding.ipynb #c009
 def sinusoidal_encoding(max_len: int, d_model: int, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -53,9 +53,10 @@ class TokenEmbedding(nn.Module):
         return self.embedding.weight
 
     def forward(self, tokens: torch.Tensor, name: str = "tokens") -> torch.Tensor:   # (B, n) -> (B, n, d_model)
-        """tokens: integer ids in [0, vocab_size), checked here once; name: the caller's argument, for messages."""
-        check_token_ids(name, tokens, self.vocab_size)
-        return self.embedding(tokens) * math.sqrt(self.d_model)
+        """tokens: integer ids in [0, vocab_size), checked here once; name: the caller's argument, for messages.
+        (The range is checked by the lookup itself, without reading the ids back from the device.)"""
+        check_tensor(name, tokens, dim=2, floating=False, shape_text="(B, length)")
+        return lookup(self.embedding, tokens, name) * math.sqrt(self.d_model)
 
 # %% ../chapters/03_positional_encoding.ipynb #c034
 class PositionalEncoding(nn.Module):
@@ -69,8 +70,9 @@ class PositionalEncoding(nn.Module):
 
     def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
         """x: (B, n, d_model), floating point; start: the position of x[:, 0] (for incremental decoding)."""
-        check_tensor("x", x, dim=3, last=self.d_model, floating=True, shape_text=f"(B, n, d_model={self.d_model})")
-        check_int("start", start, minimum=0)
+        if checks_due():
+            check_tensor("x", x, dim=3, last=self.d_model, floating=True, shape_text=f"(B, n, d_model={self.d_model})")
+            check_int("start", start, minimum=0)
         n = x.size(1)
         if start + n > self.max_len:
             raise ValueError(f"positions {start}..{start + n - 1} do not fit in max_len={self.max_len}: the input "

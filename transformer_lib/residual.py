@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .validation import (check_bool, check_float, check_int, check_probability, check_same_dtype,
-                                        check_tensor)
+                                        check_tensor, checks_due, describe)
 
 # %% ../chapters/05_residual_layernorm.ipynb #c010
 class LayerNorm(nn.Module):
@@ -35,8 +35,9 @@ class LayerNorm(nn.Module):
         return (self.weight * (z - mean) / torch.sqrt(var + self.eps) + self.bias).to(x.dtype)
 
     def forward(self, x):
-        check_tensor("x", x, last=self.d_model, floating=True, shape_text=f"(..., d_model={self.d_model})")
-        check_same_dtype("the module", self.weight, x=x)
+        if checks_due():
+            check_tensor("x", x, last=self.d_model, floating=True, shape_text=f"(..., d_model={self.d_model})")
+            check_same_dtype("the module", self.weight, x=x)
         # The same computation as self.formula(x), in one fused kernel: the five element-wise passes above
         # cost about a tenth of a small model's training step (Chapter 9's benchmark).
         return F.layer_norm(x, (self.d_model,), self.weight, self.bias, self.eps)
@@ -50,21 +51,29 @@ class SublayerConnection(nn.Module):
 
     norm_first=False (post-norm, the paper): LayerNorm(x + Dropout(sublayer(x)))
     norm_first=True  (pre-norm, GPT-style):  x + Dropout(sublayer(LayerNorm(x)))
+    eps: the normalisation's epsilon. norm: its class, built as norm(d_model, eps=eps): LayerNorm, or a
+    normalisation of the same interface (Chapter 12's RMSNorm for T5).
     """
 
-    def __init__(self, d_model: int, dropout: float = 0.1, norm_first: bool = False):
+    def __init__(self, d_model: int, dropout: float = 0.1, norm_first: bool = False, eps: float = 1e-5,
+                 norm=LayerNorm):
         super().__init__()
         self.d_model = check_int("d_model", d_model)
         self.norm_first = check_bool("norm_first", norm_first)
-        self.norm = LayerNorm(d_model)
+        if not (isinstance(norm, type) and issubclass(norm, nn.Module)):
+            raise ValueError(f"norm must be a normalisation class such as LayerNorm, called norm(d_model, eps=eps), "
+                             f"got {describe(norm)}")
+        self.norm = norm(d_model, eps=eps)
         self.dropout = nn.Dropout(check_probability("dropout", dropout))
 
     def forward(self, x, sublayer):
-        if not callable(sublayer):
-            raise ValueError(f"sublayer must be callable (a module or a function), got {type(sublayer).__name__}")
-        check_tensor("x", x, last=self.d_model, floating=True, shape_text=f"(..., d_model={self.d_model})")
+        due = checks_due()
+        if due:
+            if not callable(sublayer):
+                raise ValueError(f"sublayer must be callable (a module or a function), got {type(sublayer).__name__}")
+            check_tensor("x", x, last=self.d_model, floating=True, shape_text=f"(..., d_model={self.d_model})")
         out = sublayer(self.norm(x) if self.norm_first else x)
-        if not isinstance(out, torch.Tensor) or out.shape != x.shape:
+        if due and (not isinstance(out, torch.Tensor) or out.shape != x.shape):
             got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
             raise ValueError(f"sublayer must return a tensor shaped like its input {tuple(x.shape)}, got {got} "
                              "(for MultiHeadAttention, which returns (output, weights), pass lambda y: attn(y, y, y)[0])")

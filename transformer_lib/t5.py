@@ -2,8 +2,8 @@
 
 # %% auto #0
 __all__ = ['T5_MAX_NEW_TOKENS', 'RMSNorm', 'relative_position_bucket', 'RelativePositionBias', 'T5Attention', 'T5Config',
-           'rms_sublayer', 'T5Block', 'init_t5_weights', 'T5', 'shift_right', 'seq2seq_loss', 'load_by_names',
-           'load_hf_t5', 't5_generate']
+           'init_t5_weights', 'T5', 'shift_right', 'seq2seq_loss', 't5_hf_names', 'load_hf_t5', 'to_hf_t5',
+           't5_generate']
 
 # %% ../chapters/12_t5_and_vit.ipynb #c003
 import dataclasses
@@ -15,11 +15,14 @@ import torch.nn.functional as F
 
 from .attention import padding_mask
 from .bert import IGNORE_INDEX
+from .decoder import Decoder
+from .encoder import Encoder
 from .feed_forward import PositionwiseFeedForward
+from .hf import hf_state_dict, load_by_names, save_by_names
 from .multi_head import MultiHeadAttention
-from .residual import SublayerConnection
-from .validation import (check_bool, check_float, check_int, check_mask, check_probability,
-                                        check_same_dtype, check_tensor, check_token_ids, describe)
+from .validation import (check_attn_bias, check_bool, check_float, check_int, check_mask,
+                                        check_probability, check_same_dtype, check_tensor, checked, checks_due, describe,
+                                        lookup)
 
 # %% ../chapters/12_t5_and_vit.ipynb #c006
 class RMSNorm(nn.Module):
@@ -104,41 +107,23 @@ class RelativePositionBias(nn.Module):
 
 # %% ../chapters/12_t5_and_vit.ipynb #c014
 class T5Attention(MultiHeadAttention):
-    """Chapter 2's multi-head attention as T5 uses it: no biases in W_q, W_k, W_v, W_o, no division by √d_k
-    (T5 folds it into the initialisation of W_q), and a position bias added to the scores:
+    """Chapter 2's multi-head attention configured as T5 uses it: no biases in W_q, W_k, W_v, W_o, scale 1 (no
+    division by √d_k: T5 folds it into the initialisation of W_q), and a position bias added to the scores,
 
         head_i = softmax(Q_i K_iᵀ + bias_i) V_i.
 
+    Nothing is re-implemented: the bias goes to MultiHeadAttention's attn_bias (Chapter 1's function adds it).
     forward(query (B, n_q, d), key, value (B, n_k, d), position_bias (1|B, h|1, n_q, n_k) or None,
             mask bool (B|1, h|1, n_q|1, n_k), True = may attend, need_weights) -> (output (B, n_q, d), weights)."""
 
     def __init__(self, d_model: int, num_heads: int, dropout: float = 0.1):
-        super().__init__(d_model, num_heads, dropout, bias=False)
+        super().__init__(d_model, num_heads, dropout, bias=False, scale=1.0)
 
     def forward(self, query, key, value, position_bias=None, mask=None, need_weights: bool = False):
-        self._check_inputs(query, key, value, mask, need_weights, None)       # Chapter 2's checks
-        Q = self.split_heads(self.W_q(query))                                 # (B, h, n_q, d_k)
-        K = self.split_heads(self.W_k(key))                                   # (B, h, n_k, d_k)
-        V = self.split_heads(self.W_v(value))                                 # (B, h, n_k, d_k)
-        scores = Q @ K.transpose(-2, -1)                                      # (B, h, n_q, n_k): no 1/√d_k
-        if position_bias is not None:
-            shape = (Q.size(0), self.num_heads, Q.size(2), K.size(2))
-            check_tensor("position_bias", position_bias, dim=4, floating=True, shape_text="(1|B, h|1, n_q, n_k)")
-            check_same_dtype("W_q.weight", self.W_q.weight, position_bias=position_bias)
-            if any(p not in (1, s) for p, s in zip(position_bias.shape, shape, strict=True)) or position_bias.shape[2:] != shape[2:]:
-                raise ValueError(f"position_bias must have shape (1|B, h|1, n_q, n_k) = {shape}, "
-                                 f"got {tuple(position_bias.shape)}")
-            scores = scores + position_bias
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        if mask is None and position_bias is None:
-            weights = torch.softmax(scores, dim=-1)
-        else:           # a query row whose keys are all -inf (masked, or a -inf bias): zero weights, never NaN
-            blocked = scores == float("-inf")
-            empty = blocked.all(-1, keepdim=True)             # such rows: softmax of 0s (finite gradients), then 0
-            weights = torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(blocked, 0.0)
-        out = self.dropout(weights) @ V                                       # (B, h, n_q, d_k)
-        return self.W_o(self.merge_heads(out)), (weights if need_weights else None)
+        if checks_due() and position_bias is not None:     # named as the caller knows it
+            shape = (query.size(0), self.num_heads, query.size(1), key.size(1))
+            check_attn_bias("position_bias", position_bias, shape, self.W_q.weight.dtype)
+        return super().forward(query, key, value, mask, need_weights, attn_bias=position_bias)
 
 # %% ../chapters/12_t5_and_vit.ipynb #c017
 @dataclasses.dataclass
@@ -196,48 +181,6 @@ class T5Config:
                    hf_config.relative_attention_max_distance, hf_config.dropout_rate, hf_config.layer_norm_epsilon,
                    hf_config.pad_token_id, hf_config.eos_token_id)
 
-# %% ../chapters/12_t5_and_vit.ipynb #c018
-def rms_sublayer(d_model: int, dropout: float, eps: float) -> SublayerConnection:
-    """Chapter 5's pre-norm residual wrapper, x + Dropout(sublayer(RMSNorm(x))), with T5's RMSNorm."""
-    sublayer = SublayerConnection(d_model, dropout, norm_first=True)
-    sublayer.norm = RMSNorm(d_model, eps)                        # the only change: RMSNorm for LayerNorm
-    return sublayer
-
-
-class T5Block(nn.Module):
-    """One T5 layer: self-attention (+ cross-attention in the decoder) and a bias-free ReLU FFN, each pre-norm.
-
-    forward(x (B, n, d), position_bias (1, h, n, n), mask bool (B|1, h|1, n|1, n), memory (B, S, d) or None,
-            memory_mask bool (B|1, h|1, n|1, S), need_weights) -> (B, n, d). Cross-attention has no position bias."""
-
-    def __init__(self, config: T5Config, cross_attention: bool = False):
-        super().__init__()
-        d, h, p, eps = config.d_model, config.num_heads, config.dropout, config.eps
-        self.self_attn = T5Attention(d, h, p)
-        self.self_sublayer = rms_sublayer(d, p, eps)
-        self.cross_attn = T5Attention(d, h, p) if cross_attention else None
-        self.cross_sublayer = rms_sublayer(d, p, eps) if cross_attention else None
-        self.feed_forward = PositionwiseFeedForward(d, config.d_ff, p, "relu", bias=False)   # Chapter 4, no biases
-        self.ffn_sublayer = rms_sublayer(d, p, eps)
-        self.self_attn_weights = self.cross_attn_weights = None
-
-    def forward(self, x, position_bias, mask=None, memory=None, memory_mask=None, need_weights: bool = False):
-        if (memory is None) != (self.cross_attn is None):
-            raise ValueError("memory must be given to a decoder block (cross_attention=True) and only to one, "
-                             f"got memory={describe(memory)}")
-
-        def self_attention(y):
-            out, self.self_attn_weights = self.self_attn(y, y, y, position_bias, mask, need_weights)
-            return out
-
-        def cross_attention(y):
-            out, self.cross_attn_weights = self.cross_attn(y, memory, memory, None, memory_mask, need_weights)
-            return out
-        x = self.self_sublayer(x, self_attention)                     # (B, n, d)
-        if memory is not None:
-            x = self.cross_sublayer(x, cross_attention)               # (B, n, d)
-        return self.ffn_sublayer(x, self.feed_forward)                # (B, n, d)
-
 # %% ../chapters/12_t5_and_vit.ipynb #c019
 def init_t5_weights(model: nn.Module, d_model: int, d_ff: int) -> None:
     """T5's initialisation (Mesh TensorFlow's, as in transformers): every weight from N(0, σ²) with
@@ -248,7 +191,7 @@ def init_t5_weights(model: nn.Module, d_model: int, d_ff: int) -> None:
         if isinstance(module, nn.Embedding):                  # the token embedding (the position tables below)
             nn.init.normal_(module.weight, std=1.0)
     for module in model.modules():
-        if isinstance(module, T5Attention):
+        if isinstance(module, MultiHeadAttention):
             nn.init.normal_(module.W_q.weight, std=(d_model * module.d_k) ** -0.5)
             for W in (module.W_k, module.W_v, module.W_o):
                 nn.init.normal_(W.weight, std=d_model ** -0.5)
@@ -260,13 +203,15 @@ def init_t5_weights(model: nn.Module, d_model: int, d_ff: int) -> None:
 
 
 class T5(nn.Module):
-    """T5 (Raffel et al., 2020), v1.0: an encoder-decoder like Chapter 7's, with one shared token embedding
-    (no √d scaling, no sinusoid), a relative position bias per stack, pre-norm T5Blocks with RMSNorm, a final
-    RMSNorm per stack, and an output layer tied to the embedding, applied to the decoder's output times d^-1/2.
+    """T5 (Raffel et al., 2020), v1.0: Chapter 7's encoder-decoder with one shared token embedding (no √d scaling,
+    no sinusoid), a relative position bias per stack, and Chapter 6's Encoder and Chapter 7's Decoder configured
+    as T5's: pre-norm, RMSNorm (also as each stack's final norm), no biases, scale 1, ReLU. The output layer is
+    tied to the embedding and applied to the decoder's output times d^-1/2.
 
     forward(input_ids (B, S), decoder_input_ids (B, T), mask=None, decoder_mask=None) -> logits (B, T, V).
-    mask: bool (B|1, 1, 1|S, S), True = may attend; None masks the padding (input_ids == pad_id).
-    decoder_mask: bool (B|1, 1, T|1, T), combined with the causal mask (which is always applied)."""
+    mask: bool (B|1, h|1, S|1, S), True = may attend; None masks the padding (input_ids == pad_id).
+    decoder_mask: bool (B|1, h|1, T|1, T), combined with the causal mask (which is always applied).
+    decode(..., cache=model.new_cache()) feeds only the new tokens (incremental decoding, Chapter 8)."""
 
     def __init__(self, config: T5Config):
         super().__init__()
@@ -276,42 +221,61 @@ class T5(nn.Module):
         self.shared = nn.Embedding(c.vocab_size, c.d_model)           # encoder input, decoder input, output
         self.encoder_bias = RelativePositionBias(c.num_heads, True, c.num_buckets, c.max_distance)
         self.decoder_bias = RelativePositionBias(c.num_heads, False, c.num_buckets, c.max_distance)
-        self.encoder_blocks = nn.ModuleList(T5Block(c) for _ in range(c.num_layers))
-        self.decoder_blocks = nn.ModuleList(T5Block(c, cross_attention=True) for _ in range(c.num_decoder_layers))
-        self.encoder_norm, self.decoder_norm = RMSNorm(c.d_model, c.eps), RMSNorm(c.d_model, c.eps)
+        t5_layers = dict(d_model=c.d_model, num_heads=c.num_heads, d_ff=c.d_ff, dropout=c.dropout, norm_first=True,
+                         activation="relu", eps=c.eps, norm=RMSNorm, bias=False, scale=1.0)
+        self.encoder = Encoder(c.num_layers, **t5_layers)
+        self.decoder = Decoder(c.num_decoder_layers, **t5_layers)
         self.dropout = nn.Dropout(c.dropout)
         init_t5_weights(self, c.d_model, c.d_ff)
 
+    def new_cache(self) -> list:
+        """Chapter 7's Decoder.new_cache(): per decoder layer, a growing self-attention cache and a static
+        cross-attention one."""
+        return self.decoder.new_cache()
+
     def encode(self, input_ids, mask=None, need_weights: bool = False):
         """-> memory (B, S, d_model), and the mask used (for decode)."""
-        check_token_ids("input_ids", input_ids, self.config.vocab_size)
+        check_tensor("input_ids", input_ids, dim=2, floating=False, shape_text="(B, length)")  # ids: lookup
+        check_bool("need_weights", need_weights)
+        B, S = input_ids.shape
         if mask is None:
             mask = padding_mask(input_ids, self.config.pad_id)                # (B, 1, 1, S)
-        S = input_ids.size(1)
+        else:
+            check_mask("mask", mask, (B, self.config.num_heads, S, S), "(B, h, S, S)")
         if S == 0:
             raise ValueError(f"input_ids must hold at least one position, got shape {tuple(input_ids.shape)}")
         bias = self.encoder_bias(S, S)                                        # (1, h, S, S), every layer
-        x = self.dropout(self.shared(input_ids))                              # (B, S, d)
-        for block in self.encoder_blocks:
-            x = block(x, bias, mask, need_weights=need_weights)
-        return self.dropout(self.encoder_norm(x)), mask
+        x = self.dropout(lookup(self.shared, input_ids, "input_ids"))         # (B, S, d)
+        with checked():                                                       # checked once, here
+            return self.dropout(self.encoder(x, mask, need_weights, attn_bias=bias)), mask
 
-    def decode(self, decoder_input_ids, memory, mask=None, decoder_mask=None, need_weights: bool = False):
-        """-> logits (B, T, V) for every position of decoder_input_ids, given the encoder's memory."""
-        check_token_ids("decoder_input_ids", decoder_input_ids, self.config.vocab_size)
+    def decode(self, decoder_input_ids, memory, mask=None, decoder_mask=None, need_weights: bool = False,
+               cache=None):
+        """-> logits (B, T, V) for every position of decoder_input_ids, given the encoder's memory.
+        cache: new_cache(); decoder_input_ids then holds only the new tokens, after the t cached ones
+        (decoder_mask: (B|1, h|1, T|1, t + T))."""
+        check_tensor("decoder_input_ids", decoder_input_ids, dim=2, floating=False, shape_text="(B, length)")
+        t = self.decoder.cache_length(cache)                                  # 0 without a cache
         B, T = decoder_input_ids.shape
         if T == 0:
             raise ValueError(f"decoder_input_ids must hold at least one position (the start token), got shape "
                              f"{tuple(decoder_input_ids.shape)}")
-        causal = torch.ones(T, T, dtype=torch.bool, device=memory.device).tril()[None, None]   # (1, 1, T, T)
+        d = self.config.d_model
+        check_tensor("memory", memory, dim=3, last=d, floating=True, shape_text=f"(B={B}, S, d_model={d})")
+        if memory.size(0) != B:
+            raise ValueError(f"memory must have the batch size of decoder_input_ids B={B}, got {describe(memory)}")
+        check_same_dtype("the model", self.shared.weight, memory=memory)
+        if mask is not None:
+            check_mask("mask", mask, (B, self.config.num_heads, T, memory.size(1)), "(B, h, T|1, S)")
         if decoder_mask is not None:
-            check_mask("decoder_mask", decoder_mask, (B, self.config.num_heads, T, T), "(B, h, T, T)")
-            causal = causal & decoder_mask
-        bias = self.decoder_bias(T, T)                                        # (1, h, T, T)
-        x = self.dropout(self.shared(decoder_input_ids))                      # (B, T, d)
-        for block in self.decoder_blocks:
-            x = block(x, bias, causal, memory, mask, need_weights)
-        x = self.dropout(self.decoder_norm(x)) * self.config.d_model ** -0.5   # T5 v1.0 rescales before ...
+            check_mask("decoder_mask", decoder_mask, (B, self.config.num_heads, T, t + T), "(B, h, T, t + T)")
+        if t and cache[0][0].k.size(0) != B:
+            raise ValueError(f"cache holds {cache[0][0].k.size(0)} batch rows but decoder_input_ids has B={B}")
+        bias = self.decoder_bias(T, t + T, offset=t)                          # (1, h, T, t + T)
+        x = self.dropout(lookup(self.shared, decoder_input_ids, "decoder_input_ids"))   # (B, T, d)
+        with checked():                                    # checked once, here; the decoder is always causal
+            x = self.decoder(x, memory, mask, decoder_mask, need_weights, cache, attn_bias=bias)
+        x = self.dropout(x) * self.config.d_model ** -0.5                     # T5 v1.0 rescales before ...
         return x @ self.shared.weight.T                                       # ... the tied output layer
 
     def forward(self, input_ids, decoder_input_ids, mask=None, decoder_mask=None, need_weights: bool = False):
@@ -320,6 +284,13 @@ class T5(nn.Module):
             raise ValueError(f"decoder_input_ids must have the batch size of input_ids B={input_ids.size(0)}, "
                              f"got {describe(decoder_input_ids)}")
         return self.decode(decoder_input_ids, memory, mask, decoder_mask, need_weights)
+
+    def attention_weights(self) -> dict:
+        """Every layer's maps from the last call with need_weights=True, as Transformer.attention_weights()."""
+        dec = self.decoder.layers
+        return {"encoder": [layer.self_attn_weights for layer in self.encoder.layers],
+                "decoder_self": [layer.self_attn_weights for layer in dec],
+                "decoder_cross": [layer.cross_attn_weights for layer in dec]}
 
 # %% ../chapters/12_t5_and_vit.ipynb #c020
 def shift_right(labels, start_id: int = 0, pad_id: int = 0):
@@ -348,47 +319,22 @@ def seq2seq_loss(logits, labels):
     return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
 
 # %% ../chapters/12_t5_and_vit.ipynb #c023
-def load_by_names(model: nn.Module, theirs: dict, names: dict, hint: str, ignore=()) -> nn.Module:
-    """Copy the weights of a Hugging Face state_dict `theirs` into model: names maps each of our state_dict keys
-    to theirs. Every one of their weights must find a place, except keys containing a string of `ignore`;
-    shapes must agree. hint says how to build a matching model."""
-    ours = model.state_dict()
-    missing = sorted(set(ours) - set(names))
-    if missing:
-        raise ValueError(f"no Hugging Face name for our {missing[:3]}: {hint}")
-    for key, hf_key in names.items():
-        if hf_key not in theirs:
-            raise ValueError(f"hf_model has no {hf_key!r} for our {key!r}: {hint}")
-        if theirs[hf_key].shape != ours[key].shape:
-            raise ValueError(f"hf_model's {hf_key!r} has shape {tuple(theirs[hf_key].shape)}, our {key!r} "
-                             f"{tuple(ours[key].shape)}: {hint}")
-    unused = [k for k in set(theirs) - set(names.values()) if not any(s in k for s in ignore)]
-    if unused:
-        raise ValueError(f"hf_model has weights our {type(model).__name__} has no place for, e.g. "
-                         f"{sorted(unused)[:3]}: {hint}")
-    model.load_state_dict({key: theirs[hf_key] for key, hf_key in names.items()})
-    return model
-
-
-def load_hf_t5(model: T5, hf_model) -> T5:
-    """Copy a Hugging Face T5ForConditionalGeneration's weights into our T5 (built with T5Config.from_hf)."""
+def t5_hf_names(model: T5) -> dict:
+    """Each of our T5's state_dict keys -> T5ForConditionalGeneration's: their layer.j of a block is our
+    sublayer{j + 1} (self-attention, [cross-attention,] FFN); each stack's position table lives in its block 0."""
     if not isinstance(model, T5):
         raise ValueError(f"model must be a T5, got {describe(model)}")
-    lm_head = getattr(hf_model, "lm_head", None)
-    if lm_head is None or not torch.equal(lm_head.weight, hf_model.shared.weight):
-        raise ValueError("hf_model must be a T5ForConditionalGeneration whose lm_head is tied to shared (T5 v1.0)")
     names = {"shared.weight": "shared.weight",
              "encoder_bias.table.weight": "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
              "decoder_bias.table.weight": "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
-             "encoder_norm.weight": "encoder.final_layer_norm.weight",
-             "decoder_norm.weight": "decoder.final_layer_norm.weight"}
-    for stack, blocks, sublayers in (("encoder", model.encoder_blocks, ("self", "ffn")),
-                                     ("decoder", model.decoder_blocks, ("self", "cross", "ffn"))):
-        for i in range(len(blocks)):
-            ours = f"{stack}_blocks.{i}."
-            for j, part in enumerate(sublayers):                   # their layer.j is our part's sublayer
+             "encoder.norm.weight": "encoder.final_layer_norm.weight",
+             "decoder.norm.weight": "decoder.final_layer_norm.weight"}
+    for stack, sublayers in (("encoder", ("self", "ffn")), ("decoder", ("self", "cross", "ffn"))):
+        for i in range(len(getattr(model, stack).layers)):
+            ours = f"{stack}.layers.{i}."
+            for j, part in enumerate(sublayers):                   # their layer.j is our sublayer{j + 1}
                 theirs = f"{stack}.block.{i}.layer.{j}."
-                names[f"{ours}{part}_sublayer.norm.weight"] = theirs + "layer_norm.weight"
+                names[f"{ours}sublayer{j + 1}.norm.weight"] = theirs + "layer_norm.weight"
                 if part == "ffn":
                     names[ours + "feed_forward.linear1.weight"] = theirs + "DenseReluDense.wi.weight"
                     names[ours + "feed_forward.linear2.weight"] = theirs + "DenseReluDense.wo.weight"
@@ -396,40 +342,69 @@ def load_hf_t5(model: T5, hf_model) -> T5:
                     attention = "SelfAttention" if part == "self" else "EncDecAttention"
                     for W, w in (("W_q", "q"), ("W_k", "k"), ("W_v", "v"), ("W_o", "o")):
                         names[f"{ours}{part}_attn.{W}.weight"] = f"{theirs}{attention}.{w}.weight"
-    return load_by_names(model, hf_model.state_dict(), names, "build ours with T5Config.from_hf(hf_model.config)",
-                         ignore=("encoder.embed_tokens", "decoder.embed_tokens", "lm_head"))   # tied to shared
+    return names
+
+
+_T5_HINT = "build ours with T5Config.from_hf(hf_model.config)"
+_T5_IGNORE = ("encoder.embed_tokens", "decoder.embed_tokens", "lm_head")      # all tied to shared
+
+
+def _check_t5_v1_0(hf_model) -> None:
+    lm_head = getattr(hf_model, "lm_head", None)
+    if lm_head is None or not torch.equal(lm_head.weight, hf_model.shared.weight):
+        raise ValueError("hf_model must be a T5ForConditionalGeneration whose lm_head is tied to shared (T5 v1.0)")
+
+
+def load_hf_t5(model: T5, hf_model) -> T5:
+    """Copy a Hugging Face T5ForConditionalGeneration's weights into our T5 (built with T5Config.from_hf), by
+    t5_hf_names and Chapter 10's bridge. Returns model."""
+    names = t5_hf_names(model)
+    _check_t5_v1_0(hf_model)
+    return load_by_names(model, hf_state_dict(hf_model), names, _T5_HINT, _T5_IGNORE)
+
+
+def to_hf_t5(model: T5, hf_model):
+    """The inverse: copy our T5 into a T5ForConditionalGeneration of the same config, in place. Returns hf_model."""
+    names = t5_hf_names(model)
+    _check_t5_v1_0(hf_model)
+    return save_by_names(model, hf_model, names, _T5_HINT, _T5_IGNORE)
 
 # %% ../chapters/12_t5_and_vit.ipynb #c028
-T5_MAX_NEW_TOKENS = 512      # T5's pre-training length; each step re-runs the decoder on the whole prefix
+T5_MAX_NEW_TOKENS = 512      # T5's pre-training length
 
 
 @torch.no_grad()
-def t5_generate(model: T5, input_ids, max_new_tokens: int, mask=None):
+def t5_generate(model: T5, input_ids, max_new_tokens: int, mask=None, use_cache: bool = True):
     """Greedy decoding: the decoder starts from pad_id (T5's start token) and appends its most probable token
     until every row has produced eos_id or max_new_tokens were made. -> (B, ≤ max_new_tokens) ids without the
     start token; positions after a row's eos_id hold pad_id.
 
-    max_new_tokens: an int in [1, T5_MAX_NEW_TOKENS = 512] (T5 was pre-trained on 512 positions, and without a
-    cache step t re-runs the decoder on all t tokens, so n tokens cost O(n²)). The model runs in eval mode
-    (no dropout); the caller's train/eval mode is restored afterwards, also when an error is raised."""
+    max_new_tokens: an int in [1, T5_MAX_NEW_TOKENS = 512] (T5 was pre-trained on 512 positions).
+    use_cache=True feeds only the newest token at each step, with Chapter 7's decoder cache (the keys and values of
+    the earlier positions, the memory's projected once); False re-runs the decoder on the whole prefix (same tokens,
+    O(n²) work; kept to test the cache against). The model runs in eval mode (no dropout); the caller's
+    train/eval mode is restored afterwards, also when an error is raised."""
     if not isinstance(model, T5):
         raise ValueError(f"model must be a T5, got {describe(model)}")
     if check_int("max_new_tokens", max_new_tokens) > T5_MAX_NEW_TOKENS:
         raise ValueError(f"max_new_tokens must be at most T5_MAX_NEW_TOKENS = {T5_MAX_NEW_TOKENS}, got "
                          f"{max_new_tokens}")
+    check_bool("use_cache", use_cache)
     c = model.config
     was_training = model.training
     model.eval()
     try:
         memory, mask = model.encode(input_ids, mask)
+        cache = model.new_cache() if use_cache else None
         out = torch.full((input_ids.size(0), 1), c.pad_id, dtype=torch.long, device=input_ids.device)
         done = torch.zeros(input_ids.size(0), dtype=torch.bool, device=input_ids.device)
         for _ in range(max_new_tokens):
-            next_id = model.decode(out, memory, mask)[:, -1].argmax(-1)       # (B,)
+            feed = out[:, -1:] if use_cache else out                          # the newest token, or all
+            next_id = model.decode(feed, memory, mask, cache=cache)[:, -1].argmax(-1)   # (B,)
             next_id = next_id.masked_fill(done, c.pad_id)
             out = torch.cat([out, next_id[:, None]], dim=1)
             done |= next_id == c.eos_id
-            if done.all():
+            if done.all():                                                    # the one device read per step
                 break
     finally:
         model.train(was_training)
