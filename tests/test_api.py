@@ -13,10 +13,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from transformer_lib.attention import padding_mask
 from transformer_lib.bert import BertConfig, BertForMaskedLM, BertModel
-from transformer_lib.classifier import SequenceClassifier
+from transformer_lib.classifier import SequenceClassifier, predict
 from transformer_lib.decoding import beam_search, greedy_decode
 from transformer_lib.encoder import Encoder
-from transformer_lib.gpt import GPT, GPTConfig
+from transformer_lib.gpt import GPT, GPTConfig, sequence_nll
 from transformer_lib.model import Transformer, TransformerConfig
 from transformer_lib.sampling import generate
 from transformer_lib.t5 import T5, T5Config, t5_generate
@@ -172,3 +172,47 @@ def test_an_id_outside_the_vocabulary_is_still_a_clear_error(family):
                                                       num_decoder_layers=1)), lambda m: m(bad, bad), "src"
     with pytest.raises(ValueError, match=rf"{name} holds token ids from 1 to {V}, outside the vocabulary"):
         call(m)
+
+
+# ---------------------------------------------------------------- one rule for eval mode (Chapter 8's inference)
+def _dropout_models():
+    """One model per decoding family with dropout 0.3, so that train mode would change every result."""
+    torch.manual_seed(0)
+    transformer = Transformer(TransformerConfig(V, V, d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
+                                                num_decoder_layers=1, dropout=0.3))
+    gpt_model = GPT(GPTConfig(vocab_size=V, max_len=32, d_model=16, num_layers=1, num_heads=2, d_ff=32, dropout=0.3))
+    t5_model = T5(T5Config(vocab_size=V, d_model=16, num_heads=2, d_ff=32, num_layers=1, num_decoder_layers=1,
+                           dropout=0.3))
+    clf_model = SequenceClassifier(V, 3, d_model=16, num_heads=2, d_ff=32, dropout=0.3)
+    return transformer, gpt_model, t5_model, clf_model
+
+
+INFERENCE = {
+    "greedy_decode": lambda m: greedy_decode(m[0], ids(2, 6, seed=1, low=3), bos_id=1, eos_id=2, max_new_tokens=5)[0],
+    "beam_search": lambda m: beam_search(m[0], ids(2, 6, seed=1, low=3), bos_id=1, eos_id=2, beam_size=2,
+                                         max_new_tokens=5)[0],
+    "generate": lambda m: generate(m[1], ids(2, 3, seed=2), 4, temperature=1e-6),
+    "sequence_nll": lambda m: torch.tensor(sequence_nll(m[1], ids(20, seed=3), context=8)),
+    "t5_generate": lambda m: t5_generate(m[2], ids(2, 5, seed=4, low=2), 4),
+    "predict": lambda m: predict(m[3], ids(5, 6, seed=5, low=2)),
+}
+
+
+@pytest.mark.parametrize("name", list(INFERENCE))
+def test_every_inference_function_runs_in_eval_mode_and_restores_the_mode(name):
+    """One rule (CONTRIBUTING.md): decoders, scorers and evaluators switch to eval mode (no dropout) without
+    gradients and give the model back in the mode it was in, also when they raise."""
+    models = _dropout_models()
+    for m in models:
+        m.eval()
+    expected = INFERENCE[name](models)
+    for m in models:
+        m.train()
+    got = INFERENCE[name](models)
+    assert torch.equal(got, expected), "train mode changed the result: dropout was applied"
+    assert all(m.training for m in models), "train mode not restored"
+    assert not got.requires_grad
+    for m in models:
+        m.eval()
+    INFERENCE[name](models)
+    assert not any(m.training for m in models), "eval mode not restored"

@@ -289,11 +289,32 @@ def no_future(dt, where):
             assert not torch.equal(out[:, j:], base[:, j:])
 
 
+def decodes_in_eval_mode(decode, dt):
+    """A model left in training mode is decoded in eval mode and given back in training mode (one rule)."""
+    model = M("model", dt)
+    expected = decode(model.eval(), ids(2, 4), bos_id=BOS, eos_id=EOS)
+    got = decode(model.train(), ids(2, 4), bos_id=BOS, eos_id=EOS)
+    restored = model.training
+    model.eval()
+    assert restored and all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+
+
+def layer_maps(name, dt, shapes, *args):
+    """attention_maps hands back a layer's weights (named as in the layer) and stores nothing on it."""
+    layer = M(name, dt)
+    with mh.attention_maps(layer) as maps:
+        layer(*args)
+    assert {k: tuple(v.shape) for k, v in maps.items()} == shapes
+    assert not any(isinstance(v, torch.Tensor) and v.dim() == 4 for m in layer.modules() for v in vars(m).values())
+
+
 def model_attention_weights(dt):
     model = M("model", dt)
-    model(ids(2, 5), ids(2, 4), need_weights=True)
-    w = model.attention_weights()
-    assert set(w) == {"encoder", "decoder_self", "decoder_cross"}
+    with mh.attention_maps(model) as maps:
+        model(ids(2, 5), ids(2, 4))
+    w = {kind: [v for k, v in maps.items() if k.startswith(stack) and k.endswith(attn)]
+         for kind, stack, attn in (("encoder", "encoder", "self_attn"), ("decoder_self", "decoder", "self_attn"),
+                                   ("decoder_cross", "decoder", "cross_attn"))}
     assert [tuple(t.shape) for t in w["encoder"]] == [(2, H, 5, 5)] * 2
     assert [tuple(t.shape) for t in w["decoder_self"]] == [(2, H, 4, 4)] * 2
     assert [tuple(t.shape) for t in w["decoder_cross"]] == [(2, H, 4, 5)] * 2
@@ -408,10 +429,11 @@ def t5_no_future(dt):
 
 def t5_attention_weights(dt):
     model = M("t5", dt)
-    model(ids(2, 5), ids(2, 4), need_weights=True)
-    shape_is(model.encoder.layers[0].self_attn_weights, 2, H, 5, 5)
-    shape_is(model.decoder.layers[0].cross_attn_weights, 2, H, 4, 5)
-    w = shape_is(model.decoder.layers[0].self_attn_weights, 2, H, 4, 4)
+    with mh.attention_maps(model) as maps:
+        model(ids(2, 5), ids(2, 4))
+    shape_is(maps["encoder.layers.0.self_attn"], 2, H, 5, 5)
+    shape_is(maps["decoder.layers.0.cross_attn"], 2, H, 4, 5)
+    w = shape_is(maps["decoder.layers.0.self_attn"], 2, H, 4, 4)
     assert torch.equal(w.triu(1), torch.zeros_like(w))                    # causal: nothing above the diagonal
 
 
@@ -434,13 +456,14 @@ def seq2seq_loss_matches_torch(dt):
     logits, labels = rand(2, 5, V, dt=dt), ids(2, 5, low=0)
     labels[0, 3:] = brt.IGNORE_INDEX
     want = F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), ignore_index=-100)
-    torch.testing.assert_close(t5_mod.seq2seq_loss(logits, labels), want)
+    torch.testing.assert_close(brt.token_cross_entropy(logits, labels), want)
 
 
 def vit_attention_rows(dt):
     model = M("vit", dt)
-    model.features(rand(2, 1, 4, 4, dt=dt), need_weights=True)
-    for w in model.attention_weights():
+    with mh.attention_maps(model) as maps:
+        model.features(rand(2, 1, 4, 4, dt=dt))
+    for w in maps.values():
         shape_is(w, 2, H, 5, 5)
         torch.testing.assert_close(w.sum(-1), torch.ones(2, H, 5, dtype=dt))
 
@@ -565,9 +588,10 @@ TENSOR_CASES = [
     ("enc_layer/mixed-x", lambda dt: M("enc_layer", dt)(t(other(dt), 2, 3, D)), err("x", FLOAT)),
     ("enc_layer/padding-mask-B==S", lambda dt: M("enc_layer", dt)(t(dt, 3, 3, D), bmask(3, 3)), err("src_mask", PADHINT)),
     ("enc_layer/float-mask", lambda dt: M("enc_layer", dt)(t(dt, 2, 3, D), torch.ones(2, 1, 1, 3, dtype=dt)), err("src_mask", BOOLMASK)),
-    ("enc_layer/need_weights-str", lambda dt: M("enc_layer", dt)(t(dt, 2, 3, D), need_weights="True"), err("need_weights", BOOL)),
     ("enc_layer/ok-empty-batch", lambda dt: shape_is(M("enc_layer", dt)(t(dt, 0, 3, D)), 0, 3, D), OK),
-    ("enc_layer/ok-weights", lambda dt: (M("enc_layer", dt)(t(dt, 2, 3, D), need_weights=True), shape_is(M("enc_layer", dt).self_attn_weights, 2, H, 3, 3)), OK),
+    ("enc_layer/ok-weights", lambda dt: layer_maps("enc_layer", dt, {"self_attn": (2, H, 3, 3)}, t(dt, 2, 3, D)), OK),
+    ("attention_maps/not-module", lambda dt: mh.attention_maps("model").__enter__(), err("model", "nn.Module")),
+    ("attention_maps/no-attention", lambda dt: mh.attention_maps(nn.Linear(2, 2)).__enter__(), err("model", "MultiHeadAttention")),
     ("encoder/x-wrong-d", lambda dt: M("encoder", dt)(t(dt, 2, 3, D + 2)), err("x", "d_model")),
     ("encoder/padding-mask-B==S", lambda dt: M("encoder", dt)(t(dt, 4, 4, D), bmask(4, 4)), err("src_mask", PADHINT)),
     ("encoder/mask-wrong-S", lambda dt: M("encoder", dt)(t(dt, 2, 4, D), bmask(2, 1, 1, 5)), err("src_mask", FIT)),
@@ -588,7 +612,7 @@ TENSOR_CASES = [
     ("dec_layer/src_mask-wrong-S", lambda dt: M("dec_layer", dt)(t(dt, 2, 3, D), t(dt, 2, 5, D), src_mask=bmask(2, 1, 1, 4)), err("src_mask", FIT)),
     ("dec_layer/ok-never-sees-future", lambda dt: no_future(dt, "layer"), OK),
     ("dec_layer/ok-empty-batch", lambda dt: shape_is(M("dec_layer", dt)(t(dt, 0, 3, D), t(dt, 0, 5, D)), 0, 3, D), OK),
-    ("dec_layer/ok-weights", lambda dt: (M("dec_layer", dt)(t(dt, 2, 3, D), t(dt, 2, 5, D), need_weights=True), shape_is(M("dec_layer", dt).cross_attn_weights, 2, H, 3, 5), shape_is(M("dec_layer", dt).self_attn_weights, 2, H, 3, 3)), OK),
+    ("dec_layer/ok-weights", lambda dt: layer_maps("dec_layer", dt, {"self_attn": (2, H, 3, 3), "cross_attn": (2, H, 3, 5)}, t(dt, 2, 3, D), t(dt, 2, 5, D)), OK),
     ("decoder/memory-wrong-d", lambda dt: M("decoder", dt)(t(dt, 2, 3, D), t(dt, 2, 5, D - 2)), err("memory", "d_model")),
     ("decoder/tgt_mask-2d", lambda dt: M("decoder", dt)(t(dt, 4, 4, D), t(dt, 4, 5, D), tgt_mask=bmask(4, 4)), err("tgt_mask", PADHINT)),
     ("decoder/src_mask-wrong-S", lambda dt: M("decoder", dt)(t(dt, 2, 3, D), t(dt, 2, 5, D), src_mask=bmask(2, 1, 1, 6)), err("src_mask", FIT)),
@@ -611,14 +635,12 @@ TENSOR_CASES = [
     ("model/tgt_mask-float", lambda dt: M("model", dt)(ids(2, 5), ids(2, 4), tgt_mask=torch.ones(2, 1, 4, 4, dtype=dt)), err("tgt_mask", BOOLMASK)),
     ("model/src_mask-wrong-S", lambda dt: M("model", dt)(ids(2, 5), ids(2, 4), src_mask=att.padding_mask(ids(2, 6), PAD)), err("src_mask", FIT)),
     ("model/tgt_mask-wrong-T", lambda dt: M("model", dt)(ids(2, 5), ids(2, 4), tgt_mask=att.padding_mask(ids(2, 3), PAD)), err("tgt_mask", FIT)),
-    ("model/need_weights-str", lambda dt: M("model", dt)(ids(2, 5), ids(2, 4), need_weights="False"), err("need_weights", BOOL)),
     ("model/encode-float-src", lambda dt: M("model", dt).encode(torch.ones(2, 5, dtype=dt)), err("src", INTEGER)),
     ("model/encode-src_mask-float", lambda dt: M("model", dt).encode(ids(2, 5), torch.ones(2, 1, 1, 5)), err("src_mask", BOOLMASK)),
     ("model/decode-memory-wrong-d", lambda dt: M("model", dt).decode(ids(2, 4), t(dt, 2, 5, D + 2)), err("memory", "d_model")),
     ("model/decode-memory-batch", lambda dt: M("model", dt).decode(ids(2, 4), t(dt, 3, 5, D)), err("memory", "batch|B")),
     ("model/decode-mixed-memory", lambda dt: M("model", dt).decode(ids(2, 4), t(other(dt), 2, 5, D)), err("memory", FLOAT)),
     ("model/decode-tgt-id>=V", lambda dt: M("model", dt).decode(ids(2, 4) + V, t(dt, 2, 5, D)), err("tgt", VOCAB)),
-    ("model/encode-need_weights-str", lambda dt: M("model", dt).encode(ids(2, 5), need_weights="x"), err("need_weights", BOOL)),
     ("model/decode-cache-str", lambda dt: M("model", dt).decode(ids(2, 1), t(dt, 2, 5, D), cache="x"), err("cache", "new_cache")),
     ("model/ok-decode-cache-equals-full", decode_cache_matches_full, OK),
     ("model/ok-forward-never-sees-future", lambda dt: no_future(dt, "forward"), OK),
@@ -680,8 +702,8 @@ TENSOR_CASES = [
     ("kvcache/step-id>=V", lambda dt: dcd.KVCache(M("model", dt), t(dt, 2, 5, D)).step(torch.full((2,), V)), err("tokens", VOCAB)),
     ("kvcache/step-batch", lambda dt: dcd.KVCache(M("model", dt), t(dt, 2, 5, D)).step(ids(3)), err("tokens", "batch|B")),
     ("kvcache/reorder-out-of-range", lambda dt: dcd.KVCache(M("model", dt), t(dt, 2, 5, D)).reorder(torch.tensor([7])), err("index", r"\[0|range|batch")),
-    ("greedy/model-in-training-mode", lambda dt: dcd.greedy_decode(M("model", dt).train(), ids(2, 4), bos_id=BOS, eos_id=EOS), err("model", "eval")),
-    ("beam/model-in-training-mode", lambda dt: dcd.beam_search(M("model", dt).train(), ids(2, 4), bos_id=BOS, eos_id=EOS), err("model", "eval")),
+    ("greedy/ok-model-in-training-mode", lambda dt: decodes_in_eval_mode(dcd.greedy_decode, dt), OK),
+    ("beam/ok-model-in-training-mode", lambda dt: decodes_in_eval_mode(dcd.beam_search, dt), OK),
     ("kvcache/ok-matches-decode", kv_cache_matches_decode, OK),
     ("cross_maps/float-src", lambda dt: dcd.cross_attention_maps(M("model", dt), torch.ones(2, 5, dtype=dt), ids(2, 4)), err("src", INTEGER)),
     ("cross_maps/float-tgt_in", lambda dt: dcd.cross_attention_maps(M("model", dt), ids(2, 5), torch.ones(2, 4, dtype=dt)), err("tgt_in|tgt", INTEGER)),
@@ -692,7 +714,7 @@ TENSOR_CASES = [
     ("scores/src_mask-float", lambda dt: dcd.sequence_scores(M("model", dt), ids(2, 5), torch.ones(2, 1, 1, 5), ids(2, 3), bos_id=BOS, eos_id=EOS), err("src_mask", BOOLMASK)),
     ("scores/ok-empty-batch", lambda dt: shape_is(dcd.sequence_scores(M("model", dt), torch.zeros(0, 5, dtype=torch.long), None, torch.zeros(0, 3, dtype=torch.long), bos_id=BOS, eos_id=EOS), 0), OK),
 
-    # --- t5 (Chapter 12): RMSNorm, T5Attention, T5, seq2seq_loss, t5_generate
+    # --- t5 (Chapter 12): RMSNorm, T5Attention, T5, token_cross_entropy (Chapter 10), t5_generate
     ("rms/x-wrong-d", lambda dt: M("rms", dt)(t(dt, 2, D + 1)), err("x", "d_model")),
     ("rms/int-x", lambda dt: M("rms", dt)(torch.ones(2, D, dtype=torch.long)), err("x", FLOAT)),
     ("rms/mixed-x", lambda dt: M("rms", dt)(t(other(dt), 2, D)), err("x", FLOAT)),
@@ -726,10 +748,8 @@ TENSOR_CASES = [
     ("t5/ok-fully-padded-source", t5_fully_padded_source, OK),
     ("t5/ok-empty-batch", lambda dt: shape_is(M("t5", dt)(torch.zeros(0, 5, dtype=torch.long), torch.zeros(0, 4, dtype=torch.long)), 0, 4, V), OK),
     ("t5/ok-dtype-kept", lambda dt: None if M("t5", dt)(ids(2, 5), ids(2, 4)).dtype == dt else pytest.fail("dtype"), OK),
-    ("seq2seq_loss/int-logits", lambda dt: t5_mod.seq2seq_loss(ids(2, 3, V), ids(2, 3)), err("logits", "floating")),
-    ("seq2seq_loss/labels-wrong-shape", lambda dt: t5_mod.seq2seq_loss(t(dt, 2, 3, V), ids(2, 4)), err("labels", "shape")),
-    ("seq2seq_loss/labels-list", lambda dt: t5_mod.seq2seq_loss(t(dt, 2, 3, V), [[1, 2, 3]] * 2), err("labels", "shape")),
-    ("seq2seq_loss/ok-matches-cross-entropy", seq2seq_loss_matches_torch, OK),
+    ("token_cross_entropy/labels-list", lambda dt: brt.token_cross_entropy(t(dt, 2, 3, V), [[1, 2, 3]] * 2), err("labels", "shape")),
+    ("token_cross_entropy/ok-matches-cross-entropy", seq2seq_loss_matches_torch, OK),
     ("t5_generate/float-input_ids", lambda dt: t5_mod.t5_generate(M("t5", dt), torch.ones(2, 4, dtype=dt), 3), err("input_ids", INTEGER)),
     ("t5_generate/input_ids-id>=V", lambda dt: t5_mod.t5_generate(M("t5", dt), ids(2, 4) + V, 3), err("input_ids", VOCAB)),
     ("t5_generate/max_new_tokens=0", lambda dt: t5_mod.t5_generate(M("t5", dt), ids(2, 4), 0), err("max_new_tokens", INT)),
@@ -747,7 +767,6 @@ TENSOR_CASES = [
     ("vit/images-3d", lambda dt: M("vit", dt)(t(dt, 2, 4, 4)), err("images", FIT)),
     ("vit/int-images", lambda dt: M("vit", dt)(torch.ones(2, 1, 4, 4, dtype=torch.long)), err("images", FLOAT)),
     ("vit/mixed-images", lambda dt: M("vit", dt)(t(other(dt), 2, 1, 4, 4)), err("images", FLOAT)),
-    ("vit/need_weights-str", lambda dt: M("vit", dt).features(t(dt, 2, 1, 4, 4), need_weights="yes"), err("need_weights", BOOL)),
     ("vit/ok-attention-rows-sum-to-1", vit_attention_rows, OK),
     ("vit/ok-empty-batch", lambda dt: shape_is(M("vit", dt)(t(dt, 0, 1, 4, 4)), 0, 3), OK),
     ("vit/ok-dtype-kept", lambda dt: None if M("vit", dt)(t(dt, 2, 1, 4, 4)).dtype == dt else pytest.fail("dtype"), OK),
@@ -772,8 +791,9 @@ def model_config(**kw):
 
 
 def train_call(**kw):
-    args = dict(model=M("model"), loader=[batch()], loss_fn=loss_fn(), optimizer=optimizer(), scheduler=None,
-                steps=1, progress=False)
+    lf = loss_fn()
+    args = dict(model=M("model"), batches=[batch()], optimizer=optimizer(), scheduler=None, steps=1, progress=False,
+                loss_fn=lambda m, b: lf(m(b.src, b.tgt_in, b.src_mask, b.tgt_mask), b.tgt_out))
     args["scheduler"] = trn.noam_scheduler(args["optimizer"], D, warmup=4)
     args.update(kw)
     try:
@@ -1005,14 +1025,14 @@ PLAIN_CASES = [
     ("make_optimizer/not-module", lambda: trn.make_optimizer("model"), err("model", "Module")),
     ("evaluate_loss/empty-loader", lambda: trn.evaluate_loss(M("model"), [], loss_fn()), err("loader", EMPTY)),
     ("evaluate_loss/all-padding", lambda: trn.evaluate_loss(M("model"), [data.collate([(ids(3), torch.tensor([BOS, PAD]))])], loss_fn()), err("loader", "no target|padding|" + EMPTY)),
-    ("train/empty-loader", lambda: train_call(loader=[]), err("loader", EMPTY)),
-    ("train/empty-valid_loader", lambda: train_call(valid_loader=[]), err("valid_loader", EMPTY)),
+    ("train/empty-loader", lambda: train_call(batches=[]), err("batches", EMPTY)),
+    ("train/evaluate-not-callable", lambda: train_call(evaluate=[batch()]), err("evaluate", "function")),
     ("train/steps=0", lambda: train_call(steps=0), err("steps", INT)),
     ("train/steps=True", lambda: train_call(steps=True), err("steps", INT)),
-    ("train/eval_every=0", lambda: train_call(valid_loader=[batch()], eval_every=0), err("eval_every", INT)),
-    ("train/eval_every=True", lambda: train_call(valid_loader=[batch()], eval_every=True), err("eval_every", INT)),
+    ("train/eval_every=0", lambda: train_call(eval_every=0), err("eval_every", INT)),
+    ("train/eval_every=True", lambda: train_call(eval_every=True), err("eval_every", INT)),
     ("train/progress-str", lambda: train_call(progress="no"), err("progress", BOOL)),
-    ("save_checkpoint/not-model", lambda: trn.save_checkpoint(os.devnull, M("encoder")), err("model", "Transformer")),
+    ("save_checkpoint/not-model", lambda: trn.save_checkpoint(os.devnull, M("encoder")), err("model", "dataclass config")),
     ("load_checkpoint/no-config", lambda: tmp_checkpoint({"state_dict": M("model").state_dict()}), err("config|checkpoint", "config")),
     ("load_checkpoint/not-a-dict", lambda: tmp_checkpoint([1, 2]), err("checkpoint|path", "config|dict")),
     ("load_checkpoint/ok-round-trip", checkpoint_round_trip, OK),
@@ -1071,9 +1091,9 @@ PLAIN_CASES = [
     ("mask_tokens/mask_prob=1.5", lambda: brt.mask_tokens(ids(2, 3), 2, V, mask_prob=1.5), err("mask_prob", r"\[0, 1\]")),
     ("mask_tokens/ids>=V", lambda: brt.mask_tokens(ids(2, 3) + V, 2, V), err("input_ids", VOCAB)),
     ("mask_tokens/no-regular-token", lambda: brt.mask_tokens(ids(2, 3, low=0, high=3), 2, 3, special_ids=(0, 1)), err("special_ids|mask_id", "no regular")),
-    ("mlm_loss/labels-wrong-shape", lambda: brt.mlm_loss(rand(2, 3, V), ids(2, 4)), err("labels", "shape")),
-    ("mlm_loss/int-logits", lambda: brt.mlm_loss(ids(2, 3, V), ids(2, 3)), err("logits", "floating")),
-    ("mlm_loss/ok-no-chosen", lambda: zeros_not_nan(brt.mlm_loss(rand(2, 3, V), torch.full((2, 3), brt.IGNORE_INDEX))), OK),
+    ("token_cross_entropy/labels-wrong-shape", lambda: brt.token_cross_entropy(rand(2, 3, V), ids(2, 4)), err("labels", "shape")),
+    ("token_cross_entropy/int-logits", lambda: brt.token_cross_entropy(ids(2, 3, V), ids(2, 3)), err("logits", "floating")),
+    ("token_cross_entropy/ok-no-chosen", lambda: zeros_not_nan(brt.token_cross_entropy(rand(2, 3, V), torch.full((2, 3), brt.IGNORE_INDEX))), OK),
     ("load_hf_bert/not-bert", lambda: brt.load_hf_bert(M("encoder"), None), err("model", "BertModel")),
 
     # --- gpt and sampling (Chapter 11)

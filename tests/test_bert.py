@@ -18,7 +18,7 @@ from transformer_lib.bert import (
     BertModel,
     load_hf_bert,
     mask_tokens,
-    mlm_loss,
+    token_cross_entropy,
 )
 
 DT = torch.float64
@@ -129,7 +129,7 @@ def test_masked_lm_equals_hugging_face():
         out = hf(input_ids=inputs, attention_mask=(ids != PAD).long(), token_type_ids=segments, labels=labels)
     assert logits.shape == (4, 10, V)
     assert max_diff(logits, out.logits) < 1e-10
-    assert abs(mlm_loss(logits, labels).item() - out.loss.item()) < 1e-10
+    assert abs(token_cross_entropy(logits, labels).item() - out.loss.item()) < 1e-10
 
 
 def test_output_layer_is_tied_to_the_token_embedding():
@@ -313,7 +313,7 @@ def test_gradients_reach_every_parameter(kind):
         loss = (hidden * torch.randn(hidden.shape, generator=g)).sum() + (pooled * torch.randn(pooled.shape, generator=g)).sum()
     elif kind == "BertForMaskedLM":
         model = BertForMaskedLM(cfg)
-        loss = mlm_loss(model(inputs, segments), labels)
+        loss = token_cross_entropy(model(inputs, segments), labels)
     else:
         model = BertClassifier(cfg, 3)
         loss = F.cross_entropy(model(inputs, segments), torch.tensor([0, 1, 2, 1]))
@@ -406,7 +406,7 @@ def test_mask_tokens_refuses_a_mask_id_outside_the_vocabulary():
         mask_tokens(masking_batch(B=2, S=5), V, V)
 
 
-# ---------------------------------------------------------------- mlm_loss
+# ---------------------------------------------------------------- token_cross_entropy
 
 def test_mlm_loss_is_cross_entropy_over_the_chosen_positions():
     g = torch.Generator().manual_seed(16)
@@ -415,20 +415,20 @@ def test_mlm_loss_is_cross_entropy_over_the_chosen_positions():
     chosen = torch.rand(3, 6, generator=g) < 0.4
     chosen[0, 0] = True
     labels[chosen] = torch.randint(0, V, (int(chosen.sum()),), generator=g)
-    loss = mlm_loss(logits, labels)
+    loss = token_cross_entropy(logits, labels)
     want = F.cross_entropy(logits[chosen], labels[chosen])
     assert abs(loss.item() - want.item()) < ATOL
     assert abs(loss.item() - F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1)).item()) < ATOL
     other = logits.clone()
     other[~chosen] = 100 * torch.randn(int((~chosen).sum()), V, generator=g, dtype=DT)
-    assert abs(mlm_loss(other, labels).item() - loss.item()) < ATOL
+    assert abs(token_cross_entropy(other, labels).item() - loss.item()) < ATOL
     other[0, 0] += torch.randn(V, generator=g, dtype=DT)                  # a chosen position: it changes
-    assert abs(mlm_loss(other, labels).item() - loss.item()) > 1e-6
+    assert abs(token_cross_entropy(other, labels).item() - loss.item()) > 1e-6
 
 
 def test_mlm_loss_without_a_chosen_position_is_zero():
     logits = torch.randn(2, 4, V, dtype=DT, requires_grad=True)
-    loss = mlm_loss(logits, torch.full((2, 4), IGNORE_INDEX))
+    loss = token_cross_entropy(logits, torch.full((2, 4), IGNORE_INDEX))
     assert loss.item() == 0.0 and not loss.isnan()
     loss.backward()                                                      # and it can still be backpropagated
     assert torch.all(logits.grad == 0)
@@ -437,8 +437,8 @@ def test_mlm_loss_without_a_chosen_position_is_zero():
 def test_mlm_loss_value_errors():
     logits = torch.randn(2, 4, V)
     with pytest.raises(ValueError, match=r"labels must have shape \(B, S\) = \(2, 4\)"):
-        mlm_loss(logits, torch.zeros(2, 5, dtype=torch.long))
+        token_cross_entropy(logits, torch.zeros(2, 5, dtype=torch.long))
     with pytest.raises(ValueError, match="labels"):
-        mlm_loss(logits, torch.zeros(8, dtype=torch.long))
+        token_cross_entropy(logits, torch.zeros(8, dtype=torch.long))
     with pytest.raises(ValueError, match="logits"):
-        mlm_loss(logits[0], torch.zeros(4, dtype=torch.long))
+        token_cross_entropy(logits[0], torch.zeros(4, dtype=torch.long))

@@ -25,6 +25,7 @@ from transformer_lib.classifier import (
     random_batches,
 )
 from transformer_lib.exercises.classifier import check_pooling
+from transformer_lib.multi_head import attention_maps
 
 DT = torch.float64
 ATOL = 1e-12
@@ -253,8 +254,9 @@ def test_cls_pooling_prepends_one_token():
     tokens, _ = padded_tokens(B=3, S=6, seed=8)
     for pooling, width in (("cls", 7), ("mean", 6), ("max", 6)):
         model = classifier(pooling, seed=9)
-        model(tokens, need_weights=True)
-        weights = model.attention_weights()
+        with attention_maps(model) as maps:
+            model(tokens)
+        weights = list(maps.values())
         assert len(weights) == 2
         assert weights[0].shape == (3, 2, width, width)
         if pooling == "cls":                                            # [CLS] is a real key for everyone
@@ -357,7 +359,7 @@ def test_fit_reduces_the_loss_and_predict():
                                pooling="mean")
     history = fit(model, classification_loss, random_batches(tokens, labels, batch_size=32, seed=0), steps=60,
                   lr=5e-3, progress=False)
-    assert set(history) == {"loss", "eval_step", "eval", "seconds"} and history["seconds"] > 0
+    assert set(history) == {"loss", "eval_step", "eval", "seconds", "stopped"} and history["seconds"] > 0
     assert history["eval_step"] == history["eval"] == []                  # no evaluate given
     losses = history["loss"]
     assert len(losses) == 60 and all(isinstance(v, float) for v in losses)

@@ -9,7 +9,7 @@ from helpers import randomize
 from transformer_lib.attention import causal_mask, padding_mask
 from transformer_lib.decoder import Decoder, DecoderLayer, decoder_layer_to_torch, decoder_to_torch
 from transformer_lib.exercises.decoder import check_tgt_mask
-from transformer_lib.multi_head import AttentionCache
+from transformer_lib.multi_head import AttentionCache, attention_maps
 
 DT = torch.float64
 ATOL = 1e-12
@@ -87,8 +87,9 @@ def test_a_target_mask_can_only_remove_keys():
     layer = randomize(DecoderLayer(16, 2, 32, dropout=0.0).double(), seed=18).eval()
     y, memory, src_mask, _ = problem(B=2, T=5, d_model=16, seed=19)
     everything = torch.ones(1, 1, 5, 5, dtype=torch.bool)        # "attend to all": still causal
-    layer(y, memory, src_mask, everything, need_weights=True)
-    assert torch.all(layer.self_attn_weights.triu(1) == 0)
+    with attention_maps(layer) as maps:
+        layer(y, memory, src_mask, everything)
+    assert torch.all(maps["self_attn"].triu(1) == 0)
     torch.testing.assert_close(layer(y, memory, src_mask, everything), layer(y, memory, src_mask), rtol=0, atol=0)
 
 
@@ -112,29 +113,29 @@ def test_appending_source_padding_changes_nothing():
     torch.testing.assert_close(dec(y, padded, mask), dec(y, memory), rtol=0, atol=ATOL)
 
 
-def test_need_weights_keeps_both_attention_maps():
+def test_attention_maps_hands_back_both_maps_and_stores_nothing():
     dec = Decoder(2, 16, 4, 32, dropout=0.0).double().eval()
-    assert all(layer.self_attn_weights is None and layer.cross_attn_weights is None for layer in dec.layers)
     y, memory, src_mask, _ = problem(B=3, S=7, T=5, d_model=16, seed=13)
-    out = dec(y, memory, src_mask, need_weights=True)
-    for layer in dec.layers:
-        s, c = layer.self_attn_weights, layer.cross_attn_weights
+    with attention_maps(dec) as maps:
+        out = dec(y, memory, src_mask)
+    assert list(maps) == [f"layers.{i}.{kind}" for i in range(2) for kind in ("self_attn", "cross_attn")]
+    for i in range(2):
+        s, c = maps[f"layers.{i}.self_attn"], maps[f"layers.{i}.cross_attn"]
         assert s.shape == (3, 4, 5, 5) and c.shape == (3, 4, 5, 7)
         assert torch.all(s.triu(1) == 0)
         assert torch.all(c.masked_select(~src_mask.expand_as(c)) == 0)
         torch.testing.assert_close(c.sum(-1), torch.ones(3, 4, 5, dtype=DT), rtol=0, atol=ATOL)
-    kept = [(layer.self_attn_weights, layer.cross_attn_weights) for layer in dec.layers]
     torch.testing.assert_close(out, dec(y, memory, src_mask), rtol=0, atol=ATOL)   # fused path: same result
-    assert all(layer.self_attn_weights is s and layer.cross_attn_weights is c
-               for layer, (s, c) in zip(dec.layers, kept, strict=True))         # the last maps are kept
+    assert not any(isinstance(v, torch.Tensor) and v.dim() == 4 for m in dec.modules() for v in vars(m).values())
 
 
 def test_target_padding_mask_combines_with_causal():
     layer = randomize(DecoderLayer(16, 2, 32, dropout=0.0).double(), seed=14)
     y, memory, src_mask, _ = problem(B=2, T=5, d_model=16, seed=15)
     tgt = torch.tensor([[0, 0, 4, 5, 6], [3, 4, 5, 6, 7]])           # left padding in sentence 0
-    layer(y, memory, src_mask, padding_mask(tgt, 0), need_weights=True)   # (B, 1, 1, T): padding only
-    w = layer.self_attn_weights
+    with attention_maps(layer) as maps:
+        layer(y, memory, src_mask, padding_mask(tgt, 0))                 # (B, 1, 1, T): padding only
+    w = maps["self_attn"]
     assert torch.all(w[0, :, :, :2] == 0) and torch.all(w.triu(1) == 0)
     assert torch.all(w[0, :, :2] == 0)                               # rows with nothing to attend to: zeros
     full = padding_mask(tgt, 0) & causal_mask(5)                     # make_tgt_mask's (B, 1, T, T): the same

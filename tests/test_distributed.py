@@ -26,7 +26,7 @@ from transformer_lib.distributed import (
     unwrap,
 )
 from transformer_lib.model import Transformer, TransformerConfig
-from transformer_lib.training import make_optimizer, warmup_linear_scheduler
+from transformer_lib.training import load_checkpoint, make_optimizer, warmup_linear_scheduler
 
 # A tiny translator: a run of a few steps takes well under a second.
 TINY = ["--d-model", "32", "--heads", "4", "--d-ff", "64", "--layers", "1", "--numbers", "600", "--valid", "50",
@@ -195,7 +195,7 @@ def test_load_refuses_pickled_objects_and_missing_entries(tmp_path):
     torch.save({**state, "extra": _NotAllowed()}, tmp_path / "code.pt")
     with pytest.raises(ValueError, match="not a checkpoint written by transformer_lib"):   # never "weights_only=False"
         load_training_state(tmp_path / "code.pt")
-    save_checkpoint_atomic(tmp_path / "weights.pt", {"model": state["model"]})
+    save_checkpoint_atomic(tmp_path / "weights.pt", {"model": state["state_dict"]})
     with pytest.raises(ValueError, match="lacks the entries"):
         load_training_state(tmp_path / "weights.pt")
     with pytest.raises(ValueError, match="step must be an int >= 0"):
@@ -266,19 +266,27 @@ def test_notebook_cell_does_not_run_main():
     assert callable(namespace["main"])
 
 
-def test_bf16_runs_on_cpu_and_gpt_task_trains():
+def test_bf16_runs_on_cpu_and_gpt_task_trains(tmp_path):
     bf16 = train_script.main([*TINY, "--steps", "4", "--batch-size", "8", "--precision", "bf16", "--device", "cpu"])
-    assert len(bf16["train_loss"]) == 4 and all(np.isfinite(bf16["train_loss"])) and np.isfinite(bf16["valid_loss"])
+    assert len(bf16["loss"]) == 4 and all(np.isfinite(bf16["loss"])) and np.isfinite(bf16["valid_loss"])
     gpt = train_script.main(["--task", "gpt", "--steps", "4", "--batch-size", "8", "--d-model", "32", "--layers", "1",
                              "--d-ff", "64", "--context", "32", "--text-chars", "20000", "--valid", "4",
-                             "--no-progress", "--device", "cpu"])
-    assert len(gpt["train_loss"]) == 4 and gpt["train_loss"][-1] < gpt["train_loss"][0]
+                             "--no-progress", "--device", "cpu", "--out", str(tmp_path / "gpt.pt"),
+                             "--checkpoint", str(tmp_path / "state.pt")])
+    assert len(gpt["loss"]) == 4 and gpt["loss"][-1] < gpt["loss"][0]
+    # one checkpoint format: Chapter 8's load_checkpoint reads the --out file and the --checkpoint training state
+    out, state = load_checkpoint(tmp_path / "gpt.pt"), load_checkpoint(tmp_path / "state.pt")
+    assert out[1]["task"] == "gpt" and out[1]["chars"] and state[1]["step"] == 4
+    for model, _ in (out, state):
+        assert type(model).__name__ == "GPT" and model.config.d_model == 32
+    assert all(torch.equal(a, b) for a, b in zip(out[0].state_dict().values(), state[0].state_dict().values(),
+                                                 strict=True))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16 autocast with a GradScaler needs a GPU")
 def test_fp16_with_grad_scaler_on_gpu():
     out = train_script.main([*TINY, "--steps", "4", "--batch-size", "8", "--precision", "fp16", "--device", "cuda"])
-    assert all(np.isfinite(out["train_loss"]))
+    assert all(np.isfinite(out["loss"]))
 
 
 def test_killed_run_resumes_exactly(tmp_path):
@@ -290,7 +298,7 @@ def test_killed_run_resumes_exactly(tmp_path):
     assert killed["stopped"] and load_training_state(tmp_path / "b.pt")["step"] == 3
     resumed = train_script.main([*args, "--checkpoint", str(tmp_path / "b.pt"), "--resume",
                                  "--out", str(tmp_path / "b_out.pt")])
-    assert resumed["resumed_from"] == 3 and resumed["train_loss"] == full["train_loss"]
+    assert resumed["resumed_from"] == 3 and resumed["loss"] == full["loss"]
     a, b = _weights(tmp_path / "a_out.pt"), _weights(tmp_path / "b_out.pt")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(SystemExit):                                # a different run refuses to resume: usage error
@@ -314,4 +322,4 @@ def test_two_processes_equal_one(tmp_path):
     # scores, which softmax ignores: its gradient is 0 in exact arithmetic, rounding noise (~1e-17) in each
     # run, and Adam's step lr * g / (sqrt(v) + eps) multiplies that noise by lr / eps = 2e6.
     assert max(d for k, d in diff.items() if not k.endswith("W_k.bias")) < 1e-13, diff
-    assert single["train_loss"][-1] < single["train_loss"][0]                    # it did train
+    assert single["loss"][-1] < single["loss"][0]                    # it did train

@@ -9,7 +9,7 @@ from helpers import randomize
 
 from transformer_lib.encoder import Encoder, EncoderLayer, encoder_layer_to_torch, encoder_to_torch
 from transformer_lib.exercises.encoder import check_encoder_layer
-from transformer_lib.multi_head import MultiHeadAttention, copy_to_torch_mha
+from transformer_lib.multi_head import MultiHeadAttention, attention_maps, copy_to_torch_mha
 
 DT = torch.float64
 ATOL = 1e-12
@@ -145,22 +145,52 @@ def test_post_norm_output_is_standardized_at_initialization():
     torch.testing.assert_close(y.var(-1, unbiased=False), torch.ones(2, 5, dtype=DT), rtol=0, atol=1e-3)
 
 
-def test_need_weights_keeps_the_attention_maps():
+def test_attention_maps_hands_back_every_layers_weights():
     enc = Encoder(2, 16, 4, 32, dropout=0.0).double().eval()
-    assert all(layer.self_attn_weights is None for layer in enc.layers)     # before any need_weights call
     x, mask = padded_batch(3, 6, 16, seed=19)
-    out = enc(x, mask, need_weights=True)
+    with attention_maps(enc) as maps:
+        out = enc(x, mask)
     torch.testing.assert_close(out, enc(x, mask), rtol=0, atol=ATOL)   # the slow path gives the same result
-    enc(x, mask, need_weights=True)
-    kept = []
-    for layer in enc.layers:
-        w = layer.self_attn_weights
+    assert list(maps) == ["layers.0.self_attn", "layers.1.self_attn"]
+    for w in maps.values():
         assert w.shape == (3, 4, 6, 6)
         assert torch.all(w.masked_select(~mask.expand_as(w)) == 0)
         torch.testing.assert_close(w.sum(-1), torch.ones(3, 4, 6, dtype=DT), rtol=0, atol=ATOL)
-        kept.append(w)
-    enc(x[:1], mask[:1])                                  # need_weights=False keeps the last maps
-    assert all(layer.self_attn_weights is w for layer, w in zip(enc.layers, kept, strict=True))
+    kept = dict(maps)
+    enc(x[:1], mask[:1])                                  # outside the block: nothing recorded, nothing stored
+    assert all(maps[k] is v for k, v in kept.items())
+    assert not any(isinstance(v, torch.Tensor) and v.dim() == 4 for m in enc.modules() for v in vars(m).values())
+
+
+def test_attention_maps_in_training_mode_frees_the_graph_with_the_dict():
+    """The maps carry the autograd graph while the caller keeps them, and only then (nothing on the modules)."""
+    import gc
+    import weakref
+
+    enc = Encoder(1, 16, 4, 32, dropout=0.1).double().train()
+    x, mask = padded_batch(2, 5, 16, seed=3)
+    with attention_maps(enc) as maps:
+        out = enc(x.requires_grad_(), mask)
+    w = maps["layers.0.self_attn"]
+    assert w.requires_grad and w.grad_fn is not None
+    ref = weakref.ref(w)
+    del maps, w, out
+    gc.collect()
+    assert ref() is None
+
+
+def test_attention_maps_errors_and_nesting():
+    enc = Encoder(1, 16, 4, 32, dropout=0.0).double().eval()
+    x, mask = padded_batch(2, 5, 16, seed=3)
+    with pytest.raises(ValueError, match="^model must be an nn.Module"):
+        with attention_maps("encoder"):
+            pass
+    with pytest.raises(ValueError, match="^model must contain a MultiHeadAttention"):
+        with attention_maps(nn.Linear(2, 2)):
+            pass
+    with attention_maps(enc) as outer, attention_maps(enc.layers[0]) as inner:
+        enc(x, mask)
+    assert torch.equal(outer["layers.0.self_attn"], inner["self_attn"])
 
 
 # ---------------------------------------------------------------- structure, dropout, gradients

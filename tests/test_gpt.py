@@ -26,6 +26,7 @@ from transformer_lib.gpt import (
     sequence_nll,
     stdlib_sources,
 )
+from transformer_lib.multi_head import attention_maps
 
 DT = torch.float64
 ATOL = 1e-12
@@ -200,8 +201,10 @@ def test_an_all_true_mask_cannot_undo_the_causal_mask():
         base = model(ids)
         for mask in (torch.ones(1, 1, 1, 9, dtype=torch.bool), torch.ones(2, 4, 9, 9, dtype=torch.bool)):
             assert torch.equal(model(ids, mask), base)
-        model(ids, need_weights=True)
-    for weights in model.attention_weights():                                # (B, h, T, T): no weight above
+        with attention_maps(model) as maps:
+            model(ids)
+    assert len(maps) == len(model.blocks)
+    for weights in maps.values():                                            # (B, h, T, T): no weight above
         assert weights.shape == (2, 4, 9, 9)
         assert torch.all(weights.triu(1) == 0)
         torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 9, dtype=DT), rtol=0, atol=ATOL)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from transformer_lib.attention import causal_mask, padding_mask
 from transformer_lib.exercises.decoder import check_parameter_count
 from transformer_lib.model import Transformer, TransformerConfig, transformer_to_torch
+from transformer_lib.multi_head import attention_maps
 from transformer_lib.positional import sinusoidal_encoding
 
 DT = torch.float64
@@ -107,24 +108,25 @@ def test_encode_decode_compose_to_forward():
     hidden = model.decode(tgt, memory, src_mask, tgt_mask)
     assert hidden.shape == (2, 5, 32)
     torch.testing.assert_close(model.generator(hidden), model(src, tgt, src_mask, tgt_mask), rtol=0, atol=0)
-    memory_w = model.encode(src, src_mask, need_weights=True)
-    hidden_w = model.decode(tgt, memory_w, src_mask, tgt_mask, need_weights=True)
+    with attention_maps(model) as maps:
+        memory_w = model.encode(src, src_mask)
+        hidden_w = model.decode(tgt, memory_w, src_mask, tgt_mask)
     torch.testing.assert_close(hidden_w, hidden, rtol=0, atol=ATOL)
-    assert model.encoder.layers[0].self_attn_weights.shape == (2, 4, 6, 6)
-    assert model.decoder.layers[-1].cross_attn_weights.shape == (2, 4, 5, 6)
-    assert torch.all(model.decoder.layers[-1].cross_attn_weights[1, :, :, 2:] == 0)
+    assert maps["encoder.layers.0.self_attn"].shape == (2, 4, 6, 6)
+    assert maps["decoder.layers.1.cross_attn"].shape == (2, 4, 5, 6)
+    assert torch.all(maps["decoder.layers.1.cross_attn"][1, :, :, 2:] == 0)
 
 
-def test_forward_need_weights_and_attention_weights():
+def test_attention_maps_of_the_whole_model():
     model = Transformer(small_config()).double().eval()
-    weights = model.attention_weights()
-    assert set(weights) == {"encoder", "decoder_self", "decoder_cross"}
-    assert all(w is None for maps in weights.values() for w in maps)          # before any need_weights call
     src, tgt = tokens(2, 6, 50, seed=4, pad_from=[6, 2]), tokens(2, 5, 50, seed=5)
-    with torch.no_grad():
-        logits = model(src, tgt, model.make_src_mask(src), need_weights=True)
-        torch.testing.assert_close(logits, model(src, tgt, model.make_src_mask(src)), rtol=0, atol=ATOL)
-    weights = model.attention_weights()
+    with torch.no_grad(), attention_maps(model) as maps:
+        logits = model(src, tgt, model.make_src_mask(src))
+    torch.testing.assert_close(logits, model(src, tgt, model.make_src_mask(src)), rtol=0, atol=ATOL)
+    weights = {kind: [w for name, w in maps.items() if name.startswith(stack) and name.endswith(attn)]
+               for kind, stack, attn in (("encoder", "encoder", "self_attn"), ("decoder_self", "decoder", "self_attn"),
+                                         ("decoder_cross", "decoder", "cross_attn"))}
+    assert len(maps) == 6
     assert [tuple(w.shape) for w in weights["encoder"]] == [(2, 4, 6, 6)] * 2
     assert [tuple(w.shape) for w in weights["decoder_self"]] == [(2, 4, 5, 5)] * 2
     assert [tuple(w.shape) for w in weights["decoder_cross"]] == [(2, 4, 5, 6)] * 2

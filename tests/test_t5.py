@@ -11,8 +11,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from helpers import assert_download_fails, import_hf, max_diff, noisy, randomize
 
-from transformer_lib.bert import IGNORE_INDEX
+from transformer_lib.bert import IGNORE_INDEX, token_cross_entropy
 from transformer_lib.exercises.t5 import check_buckets
+from transformer_lib.multi_head import attention_maps
 from transformer_lib.t5 import (
     T5,
     RelativePositionBias,
@@ -22,7 +23,6 @@ from transformer_lib.t5 import (
     load_by_names,
     load_hf_t5,
     relative_position_bucket,
-    seq2seq_loss,
     shift_right,
     t5_generate,
 )
@@ -356,7 +356,7 @@ def test_t5_equals_hugging_face_with_padding_and_ignored_labels():
             ref = hf(input_ids=src, attention_mask=real.long(), labels=labels)
             logits = ours(src, shift_right(labels))
         assert logits.dtype == DT and logits.shape == (3, 22, 64)
-        return max_diff(logits, ref.logits), abs(seq2seq_loss(logits, labels).item() - ref.loss.item())
+        return max_diff(logits, ref.logits), abs(token_cross_entropy(logits, labels).item() - ref.loss.item())
 
     tol = hf_tolerance()
     as_shipped = compare()                                                  # their statistic in float32
@@ -489,11 +489,12 @@ def test_a_decoder_mask_cannot_undo_the_causal_mask():
     with torch.no_grad():
         base = model(src, tgt)
         assert torch.equal(model(src, tgt, decoder_mask=torch.ones(2, 1, 5, 5, dtype=torch.bool)), base)
-        model(src, tgt, need_weights=True)
-    for block in model.decoder.layers:
-        assert block.self_attn_weights.shape == (2, 2, 5, 5)
-        assert torch.all(block.self_attn_weights.triu(1) == 0)
-        assert block.cross_attn_weights.shape == (2, 2, 5, 6)
+        with attention_maps(model) as maps:
+            model(src, tgt)
+    for i in range(len(model.decoder.layers)):
+        assert maps[f"decoder.layers.{i}.self_attn"].shape == (2, 2, 5, 5)
+        assert torch.all(maps[f"decoder.layers.{i}.self_attn"].triu(1) == 0)
+        assert maps[f"decoder.layers.{i}.cross_attn"].shape == (2, 2, 5, 6)
     padded = torch.ones(2, 1, 1, 5, dtype=torch.bool)
     padded[1, ..., 3:] = False                                              # a decoder padding mask is applied
     with torch.no_grad():
@@ -534,7 +535,7 @@ def test_the_encoder_sees_the_whole_source_and_the_position_bias():
         assert torch.isfinite(model(src, tgt)).all()
 
 
-# ---------------------------------------------------------------- shift_right, seq2seq_loss
+# ---------------------------------------------------------------- shift_right, token_cross_entropy
 
 def test_shift_right():
     labels = torch.tensor([[5, 6, 7, 8], [9, IGNORE_INDEX, IGNORE_INDEX, IGNORE_INDEX], [4, 3, IGNORE_INDEX, 2]])
@@ -558,17 +559,17 @@ def test_seq2seq_loss_ignores_minus_100():
     labels[2, 0] = IGNORE_INDEX
     keep = labels != IGNORE_INDEX
     want = -logits.log_softmax(-1)[keep].gather(-1, labels[keep][:, None]).mean()
-    loss = seq2seq_loss(logits, labels)
+    loss = token_cross_entropy(logits, labels)
     assert abs(loss.item() - want.item()) < ATOL and loss.dtype == DT
     changed = logits.clone()
     changed[~keep] = 100 * torch.randn(int((~keep).sum()), 7, generator=g, dtype=DT)
-    assert abs(seq2seq_loss(changed, labels).item() - loss.item()) < ATOL   # ignored positions do not count
+    assert abs(token_cross_entropy(changed, labels).item() - loss.item()) < ATOL   # ignored positions do not count
     changed[0, 0, 1] += 3.0
-    assert abs(seq2seq_loss(changed, labels).item() - loss.item()) > 1e-3
+    assert abs(token_cross_entropy(changed, labels).item() - loss.item()) > 1e-3
     with pytest.raises(ValueError, match=r"\blabels\b.*shape"):
-        seq2seq_loss(logits, labels[:, :3])
+        token_cross_entropy(logits, labels[:, :3])
     with pytest.raises(ValueError, match=r"\blogits\b"):
-        seq2seq_loss(logits[0], labels[0])
+        token_cross_entropy(logits[0], labels[0])
 
 
 # ---------------------------------------------------------------- t5_generate
@@ -700,7 +701,7 @@ def test_gradients_reach_every_parameter():
     src, labels = token_ids(3, 9, seed=23), token_ids(3, 6, seed=24)
     src[1, 6:] = PAD
     labels[2, 4:] = IGNORE_INDEX
-    seq2seq_loss(model(src, shift_right(labels)), labels).backward()
+    token_cross_entropy(model(src, shift_right(labels)), labels).backward()
     params = dict(model.named_parameters())
     assert len(params) == 5 + 2 * 8 + 2 * 13                               # shared, 2 tables, 2 norms; blocks
     for name, p in params.items():
@@ -812,14 +813,14 @@ def test_relative_position_bucket_refuses_float_offsets():
 
 def test_seq2seq_loss_edge_cases():
     logits = torch.randn(2, 3, 5, requires_grad=True)
-    zero = seq2seq_loss(logits, torch.full((2, 3), IGNORE_INDEX))
+    zero = token_cross_entropy(logits, torch.full((2, 3), IGNORE_INDEX))
     assert zero.item() == 0.0
     zero.backward()                                                            # a graph, zero gradients
     assert torch.equal(logits.grad, torch.zeros_like(logits))
-    with pytest.raises(ValueError, match=r"labels must hold ids in \[0, 4\]"):
-        seq2seq_loss(logits, torch.tensor([[0, 1, 5], [0, 0, 0]]))
+    with pytest.raises(ValueError, match=r"labels must hold token ids in \[0, 4\]"):
+        token_cross_entropy(logits, torch.tensor([[0, 1, 5], [0, 0, 0]]))
     with pytest.raises(ValueError, match=r"\blabels\b"):
-        seq2seq_loss(logits, torch.zeros(2, 3))
+        token_cross_entropy(logits, torch.zeros(2, 3))
 
 
 def test_empty_sequences_name_the_argument():

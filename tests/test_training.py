@@ -1,5 +1,8 @@
 """Tests for transformer_lib/training.py (Chapter 8): label smoothing, schedules, optimizer, loop, checkpoints."""
 
+import dataclasses
+import math
+
 import pytest
 import torch
 import torch.nn as nn
@@ -10,6 +13,8 @@ from transformer_lib.exercises.training import check_label_smoothing
 from transformer_lib.model import Transformer, TransformerConfig
 from transformer_lib.training import (
     LabelSmoothingLoss,
+    TrainingDiverged,
+    decay_groups,
     evaluate_loss,
     load_checkpoint,
     make_optimizer,
@@ -210,22 +215,129 @@ def _tiny_model(vocab):
                                          num_decoder_layers=1, dropout=0.0, max_len=64))
 
 
-def test_train_reduces_loss_and_is_deterministic():
+def _loss_of(loss_fn):
+    """A train() loss: loss_fn(logits, target) of a Batch, teacher forcing (Chapter 8's translation_loss)."""
+    return lambda model, b: loss_fn(model(b.src, b.tgt_in, b.src_mask, b.tgt_mask), b.tgt_out)
+
+
+@pytest.mark.parametrize("start_mode", ["train", "eval"])
+def test_train_reduces_loss_is_deterministic_and_restores_the_mode(start_mode):
     tok, ds, loader = _reverse_task()
     results = []
     for _ in range(2):
-        model = _tiny_model(len(tok))
+        model = _tiny_model(len(tok)).train(start_mode == "train")
         loss_fn = LabelSmoothingLoss(label_smoothing=0.1, pad_id=tok.pad_id)
         opt = make_optimizer(model, lr=3e-3)
         sched = warmup_linear_scheduler(opt, 120, 10)
         before = evaluate_loss(model, loader, loss_fn)
         _, _, loader = _reverse_task()                      # fresh sampler: same batches both runs
-        hist = train(model, loader, loss_fn, opt, sched, 120, valid_loader=loader, eval_every=60, progress=False)
+        modes = []
+        hist = train(model, _loss_of(loss_fn), loader, opt, sched, 120, eval_every=60, progress=False,
+                     evaluate=lambda m, loader=loader, loss_fn=loss_fn: evaluate_loss(m, loader, loss_fn),
+                     on_step=lambda step, h, modes=modes, model=model: modes.append(model.training))
         results.append(hist)
-        assert len(hist["train_loss"]) == 120 and hist["valid_step"] == [60, 120]
-        assert hist["valid_loss"][-1] < 0.6 * before
-        assert not model.training
-    assert results[0]["train_loss"] == results[1]["train_loss"]     # seeded: the same run twice
+        assert len(hist["loss"]) == 120 and hist["eval_step"] == [60, 120] and not hist["stopped"]
+        assert hist["eval"][-1] < 0.6 * before
+        assert all(modes) and model.training == (start_mode == "train")   # trained in train mode, then restored
+    assert results[0]["loss"] == results[1]["loss"]     # seeded: the same run twice
+
+
+def test_train_equals_a_hand_written_loop():
+    """The loop is the textbook one: forward, loss, zero_grad, backward, step, scheduler step (bit for bit)."""
+    tok, _, _ = _reverse_task()
+    loss_fn = LabelSmoothingLoss(0.1, tok.pad_id)
+    runs = []
+    for by_hand in (False, True):
+        model = _tiny_model(len(tok))
+        opt = make_optimizer(model, lr=3e-3)
+        sched = warmup_linear_scheduler(opt, 12, 2)
+        loader = _reverse_task()[2]
+        if by_hand:
+            losses, batches = [], iter(loader)
+            for _ in range(12):
+                b = next(batches)
+                loss = _loss_of(loss_fn)(model, b)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                sched.step()
+                losses.append(loss.item())
+        else:
+            losses = train(model, _loss_of(loss_fn), loader, opt, sched, 12, progress=False)["loss"]
+        runs.append((losses, [p.detach().clone() for p in model.parameters()]))
+    assert runs[0][0] == runs[1][0]
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1], strict=True))
+
+
+def test_train_records_the_value_of_a_pair_and_stops_on_request():
+    model, loader, loss_fn, opt, sched = _setup()
+    seen = []
+    hist = train(model, lambda m, b: (_loss_of(loss_fn)(m, b), 42.0), loader, opt, sched, 10, progress=False,
+                 on_step=lambda step, h: seen.append(step) or step == 4)
+    assert hist["loss"] == [42.0] * 4 and seen == [1, 2, 3, 4] and hist["stopped"]
+
+
+def test_train_stops_before_a_non_finite_update():
+    model, loader, loss_fn, opt, sched = _setup()
+    before = [p.detach().clone() for p in model.parameters()]
+    calls = []
+
+    def loss_of(m, b):
+        calls.append(1)
+        loss = _loss_of(loss_fn)(m, b)
+        return loss * float("nan") if len(calls) == 3 else loss
+    with pytest.raises(TrainingDiverged, match="loss is nan at step 3 of 10.*weights after step 2"):
+        train(model, loss_of, loader, opt, sched, 10, progress=False)
+    assert model.training and isinstance(TrainingDiverged("x"), ValueError)
+    moved = [not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True)]
+    assert any(moved)                                         # steps 1 and 2 were applied, step 3 was not
+    assert sched.last_epoch == 2
+
+
+def test_train_clips_the_gradient_norm():
+    model, loader, loss_fn, _, _ = _setup()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    before = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
+    train(model, _loss_of(loss_fn), loader, opt, None, 1, clip_norm=1e-3, progress=False)
+    after = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    assert abs((after - before).norm().item() - 1e-3) < 1e-6      # SGD with lr 1 moves by the clipped gradient
+
+
+def test_train_autocast_and_grad_scaler_on_the_cpu():
+    model, loader, loss_fn, opt, sched = _setup()
+    scaler = torch.amp.GradScaler("cpu")
+    hist = train(model, _loss_of(loss_fn), loader, opt, sched, 3, autocast=torch.bfloat16, scaler=scaler,
+                 progress=False)
+    assert len(hist["loss"]) == 3 and all(map(math.isfinite, hist["loss"]))
+
+
+def test_train_continues_from_start():
+    """start > 0 continues a run: the step numbers, the scheduler and an iterator of batches pick up there."""
+    tok, _, loader = _reverse_task(n=600)
+    runs = []
+    for parts in (((0, 30),), ((0, 10), (10, 30))):
+        model = _tiny_model(len(tok))
+        loss_fn = LabelSmoothingLoss(label_smoothing=0.1, pad_id=tok.pad_id)
+        opt = make_optimizer(model, lr=3e-3)
+        sched = warmup_linear_scheduler(opt, 30, 3)
+        batches = iter(_reverse_task(n=600)[2])                  # a fresh sampler each run: the same batches
+        losses, steps = [], []
+        for start, stop in parts:
+            losses += train(model, _loss_of(loss_fn), batches, opt, sched, stop, start=start, progress=False,
+                            on_step=lambda step, h, steps=steps: steps.append(step))["loss"]
+        runs.append((losses, [p.detach().clone() for p in model.parameters()]))
+        assert steps == list(range(1, 31))
+    assert len(loader) >= 30 and runs[0][0] == runs[1][0]
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1], strict=True))
+
+
+def test_train_runs_more_steps_than_one_epoch():
+    model, loader, loss_fn, opt, _ = _setup()
+    sched = warmup_linear_scheduler(opt, 50, 2)
+    hist = train(model, _loss_of(loss_fn), loader, opt, sched, 2 * len(loader) + 1, progress=False)
+    assert len(hist["loss"]) == 2 * len(loader) + 1 and hist["eval_step"] == []
+    with pytest.raises(ValueError, match=f"^batches ran out after {len(loader)} batches, but this run takes"):
+        train(model, _loss_of(loss_fn), iter(loader), opt, sched, len(loader) + 1, progress=False)
 
 
 def test_checkpoint_round_trip(tmp_path):
@@ -234,6 +346,7 @@ def test_checkpoint_round_trip(tmp_path):
     save_checkpoint(path, model, chars=list("abcdefgh"), note="hello")
     restored, ckpt = load_checkpoint(path)
     assert ckpt["chars"] == list("abcdefgh") and ckpt["note"] == "hello"
+    assert ckpt["model_class"] == "transformer_lib.model.Transformer"
     assert restored.config == model.config and not restored.training
     src, tgt = torch.randint(1, 12, (3, 7)), torch.randint(1, 12, (3, 5))
     with torch.no_grad():
@@ -241,6 +354,37 @@ def test_checkpoint_round_trip(tmp_path):
     assert restored.generator.weight is restored.src_embed.weight
     for (n1, p1), (n2, p2) in zip(model.state_dict().items(), restored.state_dict().items(), strict=True):
         assert n1 == n2 and torch.equal(p1, p2)
+
+
+def test_one_checkpoint_format_for_every_family(tmp_path):
+    """load_checkpoint rebuilds any family from save_checkpoint's file and from Chapter 13's training state."""
+    from transformer_lib.bert import BertConfig, BertModel
+    from transformer_lib.distributed import TRAINING_STATE_KEYS, save_checkpoint_atomic, training_state
+    from transformer_lib.gpt import GPT, GPTConfig
+    from transformer_lib.t5 import T5, T5Config
+    from transformer_lib.vit import ViT, ViTConfig
+
+    torch.manual_seed(0)
+    models = [GPT(GPTConfig(vocab_size=11, max_len=8, d_model=16, num_heads=2, d_ff=32, num_layers=1)),
+              BertModel(BertConfig(vocab_size=13, d_model=16, num_heads=2, d_ff=32, num_layers=1, max_len=8)),
+              T5(T5Config(vocab_size=13, d_model=16, num_heads=2, d_ff=32, num_layers=1, num_decoder_layers=1)),
+              ViT(ViTConfig(image_size=8, patch_size=4, num_channels=1, num_classes=3, d_model=16, num_heads=2,
+                            d_ff=32, num_layers=1))]
+    for model in models:
+        state = {}
+        for how in ("save_checkpoint", "training_state"):
+            path = tmp_path / f"{type(model).__name__}-{how}.pt"
+            if how == "save_checkpoint":
+                save_checkpoint(path, model)
+            else:
+                opt = make_optimizer(model)
+                state = training_state(model, opt, warmup_linear_scheduler(opt, 10, 2), 3)
+                save_checkpoint_atomic(path, state)
+            restored, ckpt = load_checkpoint(path)
+            assert type(restored) is type(model) and restored.config == model.config
+            assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(),
+                                                         restored.state_dict().values(), strict=True))
+        assert set(TRAINING_STATE_KEYS) <= set(state)
 
 
 def _setup():
@@ -259,57 +403,79 @@ def test_train_and_evaluate_reject_empty_loaders():
         only_padding = collate([(torch.tensor([4, 2]), torch.tensor([1, 2]))])
         only_padding.tgt_out.fill_(0)
         evaluate_loss(model, [only_padding], loss_fn)
-    with pytest.raises(ValueError, match="^loader must yield at least one batch"):
-        train(model, [], loss_fn, opt, sched, 5, progress=False)
-    with pytest.raises(ValueError, match="^valid_loader must yield at least one batch"):
-        train(model, loader, loss_fn, opt, sched, 5, valid_loader=[], progress=False)
-    with pytest.raises(ValueError, match="^valid_loader must yield at least one batch"):
-        train(model, loader, loss_fn, opt, sched, 5, valid_loader=iter([]), eval_every=1, progress=False)
+    for empty in ([], iter([])):
+        with pytest.raises(ValueError, match="^batches must yield at least one batch, got none"):
+            train(model, _loss_of(loss_fn), empty, opt, sched, 5, progress=False)
 
 
 @pytest.mark.parametrize("kwargs, name", [({"steps": 0}, "steps"), ({"steps": True}, "steps"),
                                           ({"steps": 2.0}, "steps"), ({"eval_every": 0}, "eval_every"),
-                                          ({"eval_every": -5}, "eval_every"), ({"progress": "no"}, "progress")])
+                                          ({"eval_every": -5}, "eval_every"), ({"progress": "no"}, "progress"),
+                                          ({"start": -1}, "start"), ({"start": 3}, "start"),
+                                          ({"clip_norm": 0.0}, "clip_norm"), ({"clip_norm": math.nan}, "clip_norm"),
+                                          ({"autocast": torch.float64}, "autocast"), ({"autocast": "bf16"}, "autocast"),
+                                          ({"evaluate": 1.0}, "evaluate"), ({"on_step": "print"}, "on_step"),
+                                          ({"loss_fn": None}, "loss_fn"), ({"batches": 5}, "batches"),
+                                          ({"optimizer": None}, "optimizer"), ({"scheduler": "linear"}, "scheduler"),
+                                          ({"model": "gpt"}, "model")])
 def test_train_argument_errors(kwargs, name):
     model, loader, loss_fn, opt, sched = _setup()
-    args = {"steps": 3, "valid_loader": loader, "eval_every": 2, "progress": False, **kwargs}
-    with pytest.raises(ValueError, match=f"^{name} must be"):
-        train(model, loader, loss_fn, opt, sched, **args)
+    args = {"model": model, "loss_fn": _loss_of(loss_fn), "batches": loader, "optimizer": opt, "scheduler": sched,
+            "steps": 3, "eval_every": 2, "progress": False, **kwargs}
+    with pytest.raises(ValueError, match=f"^{name} must "):
+        train(**args)
 
 
-def test_train_runs_more_steps_than_one_epoch():
-    model, loader, loss_fn, opt, _ = _setup()
-    sched = warmup_linear_scheduler(opt, 50, 2)
-    hist = train(model, loader, loss_fn, opt, sched, 2 * len(loader) + 1, progress=False)
-    assert len(hist["train_loss"]) == 2 * len(loader) + 1 and hist["valid_step"] == []
+def test_train_rejects_a_loss_that_is_not_a_scalar():
+    model, loader, loss_fn, opt, sched = _setup()
+    for bad in (lambda m, b: 1.0, lambda m, b: torch.ones(2, requires_grad=True), lambda m, b: None):
+        with pytest.raises(ValueError, match="^loss_fn must return a scalar loss tensor"):
+            train(model, bad, loader, opt, sched, 2, progress=False)
+    assert model.training
 
 
 def test_load_checkpoint_errors(tmp_path):
     model = _tiny_model(12)
-    for name, content, missing in (("no_config.pt", {"state_dict": model.state_dict()}, "config"),
-                                   ("no_weights.pt", {"config": {"src_vocab_size": 12}}, "state_dict"),
-                                   ("a_list.pt", [1, 2], "config")):
+    good = {"model_class": "transformer_lib.model.Transformer", "config_class": "transformer_lib.model.TransformerConfig",
+            "config": dataclasses.asdict(model.config), "state_dict": model.state_dict()}
+    cases = [("no_config.pt", {k: v for k, v in good.items() if k != "config"}, "has no 'config' entry"),
+             ("no_weights.pt", {k: v for k, v in good.items() if k != "state_dict"}, "has no 'state_dict' entry"),
+             ("no_class.pt", {k: v for k, v in good.items() if k != "model_class"}, "has no 'model_class' entry"),
+             ("a_list.pt", [1, 2], "has no 'model_class' entry"),
+             ("foreign.pt", {**good, "model_class": "os.system"}, "'model_class' must name a class of transformer_lib"),
+             ("unknown.pt", {**good, "model_class": "transformer_lib.model.Nope"}, "does not have")]
+    for name, content, message in cases:
         path = tmp_path / name
         torch.save(content, path)
-        with pytest.raises(ValueError, match=rf"checkpoint .*{name}.* has no '{missing}' entry"):
+        with pytest.raises(ValueError, match=message):
             load_checkpoint(path)
-    with pytest.raises(ValueError, match="^model must be a Transformer"):
+    with pytest.raises(ValueError, match="^model must be a transformer_lib model built from a dataclass config"):
         save_checkpoint(tmp_path / "x.pt", nn.Linear(2, 2))
+    with pytest.raises(ValueError, match=r"^extra entries must not replace the checkpoint's own, got \['config'\]"):
+        save_checkpoint(tmp_path / "x.pt", model, config={})
 
 
-def test_train_in_slices_on_one_iterator_equals_one_call():
-    """Chapter 8 trains in slices (to write checkpoints): an iterator continues where the last call stopped."""
-    tok, _, loader = _reverse_task(n=600)
-    runs = []
-    for slices in ((30,), (10, 20)):
-        model = _tiny_model(len(tok))
-        loss_fn = LabelSmoothingLoss(label_smoothing=0.1, pad_id=tok.pad_id)
-        opt = make_optimizer(model, lr=3e-3)
-        sched = warmup_linear_scheduler(opt, 30, 3)
-        batches = iter(_reverse_task(n=600)[2])                  # a fresh sampler each run: the same batches
-        losses = []
-        for steps in slices:
-            losses += train(model, batches, loss_fn, opt, sched, steps, progress=False)["train_loss"]
-        runs.append((losses, [p.detach().clone() for p in model.parameters()]))
-    assert len(loader) >= 30 and runs[0][0] == runs[1][0]
-    assert all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1], strict=True))
+def test_decay_groups_decay_only_the_weight_matrices():
+    from transformer_lib.gpt import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=11, max_len=8, d_model=16, num_heads=2, d_ff=32, num_layers=2))
+    decay, rest = decay_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert decay["weight_decay"] == 0.1 and rest["weight_decay"] == 0.0
+    assert len(decay["params"]) + len(rest["params"]) == len(list(model.parameters()))   # each once
+    decayed = {names[id(p)] for p in decay["params"]}
+    assert decayed and all(n.endswith(".weight") and "norm" not in n and "embed" not in n for n in decayed)
+    assert {n for n in names.values() if n.endswith("bias")} <= {names[id(p)] for p in rest["params"]}
+    assert all(p is not model.token.weight for p in decay["params"])         # the tied output layer = embedding
+    # AdamW with a zero gradient: the decayed weights shrink, the rest stay put
+    opt = torch.optim.AdamW(decay_groups(model, 0.5), lr=0.1)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n]) == (n not in decayed), n
+    with pytest.raises(ValueError, match="^weight_decay must"):
+        decay_groups(model, -0.1)
+    with pytest.raises(ValueError, match="^model must be an nn.Module"):
+        decay_groups([], 0.1)

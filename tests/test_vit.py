@@ -8,6 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from helpers import assert_download_fails, import_hf, max_diff, noisy, randomize
 
+from transformer_lib.multi_head import attention_maps
 from transformer_lib.vit import ViT, ViTConfig, image_batches, load_hf_vit, patchify, shifted, unpatchify
 
 DT = torch.float64
@@ -269,8 +270,6 @@ def test_wrong_images_are_refused_by_name():
         model(torch.ones(2, 2, 8, 8, dtype=torch.long))
     with pytest.raises(ValueError, match=r"\bimages\b.*float64"):
         model(pixels(2, 2, 8, 8))
-    with pytest.raises(ValueError, match=r"\bneed_weights\b"):
-        model.features(pixels(2, 2, 8, 8, dtype=torch.float32), need_weights="yes")
     with pytest.raises(ValueError, match=r"config must be a ViTConfig"):
         ViT({"image_size": 8})
 
@@ -301,13 +300,14 @@ def test_gradients_reach_every_parameter():
         assert p.grad.abs().sum() > 0, name
 
 
-def test_attention_weights_after_features_with_need_weights():
+def test_attention_maps_of_features():
     model = random_vit(seed=11)
     images = pixels(3, 2, 8, 8, seed=12)
     with torch.no_grad():
         plain = model.features(images)
-        assert max_diff(model.features(images, need_weights=True), plain) < ATOL
-    weights = model.attention_weights()
+        with attention_maps(model) as maps:
+            assert max_diff(model.features(images), plain) < ATOL
+    weights = list(maps.values())
     assert len(weights) == 2
     for w in weights:
         assert w.shape == (3, 2, 5, 5)                                      # every patch sees every patch

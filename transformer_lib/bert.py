@@ -2,7 +2,7 @@
 
 # %% auto #0
 __all__ = ['IGNORE_INDEX', 'BertConfig', 'BertEmbeddings', 'init_bert_weights', 'BertModel', 'BertForMaskedLM', 'BertClassifier',
-           'bert_hf_names', 'load_hf_bert', 'to_hf_bert', 'mask_tokens', 'mlm_loss']
+           'bert_hf_names', 'load_hf_bert', 'to_hf_bert', 'mask_tokens', 'token_cross_entropy']
 
 # %% ../chapters/10_encoder_only.ipynb #c030
 import dataclasses
@@ -112,7 +112,7 @@ class BertModel(nn.Module):
     """BERT's encoder (Devlin et al., 2019): BertEmbeddings, then Chapter 6's Encoder with post-norm layers,
     GELU and no final LayerNorm, then the pooler tanh(W h_[CLS] + b).
 
-    forward(input_ids (B, S), segment_ids (B, S) or None, mask=None, need_weights=False)
+    forward(input_ids (B, S), segment_ids (B, S) or None, mask=None)
         -> (hidden (B, S, d_model), pooled (B, d_model) or None without a pooler).
     mask: bool (B|1, h|1, S|1, S), True = may attend; None masks the padding (input_ids == config.pad_id).
     S = 0 is accepted only without a pooler (the pooler reads position 0, [CLS]).
@@ -130,9 +130,8 @@ class BertModel(nn.Module):
         self.apply(init_bert_weights)
 
 
-    def forward(self, input_ids, segment_ids=None, mask=None, need_weights: bool = False):
+    def forward(self, input_ids, segment_ids=None, mask=None):
         x = self.embeddings(input_ids, segment_ids)                   # (B, S, d_model); checks input_ids
-        check_bool("need_weights", need_weights)
         if self.pooler is not None and x.size(1) == 0:
             raise ValueError("input_ids has S=0 positions, but the pooler reads position 0 ([CLS]): give every row "
                              "at least one token, or build BertModel(config, add_pooler=False)")
@@ -142,7 +141,7 @@ class BertModel(nn.Module):
             B, S = input_ids.shape
             check_mask("mask", mask, (B, self.config.num_heads, S, S), "(B, h, S, S)")
         with checked():                                               # checked once, here: not in every layer
-            hidden = self.encoder(x, mask, need_weights)              # (B, S, d_model)
+            hidden = self.encoder(x, mask)                            # (B, S, d_model)
         pooled = torch.tanh(self.pooler(hidden[:, 0])) if self.pooler is not None else None   # (B, d_model)
         return hidden, pooled
 
@@ -277,17 +276,20 @@ def mask_tokens(input_ids, mask_id: int, vocab_size: int, special_ids=(0,), mask
     return inputs, labels
 
 
-def mlm_loss(logits, labels):
-    """Mean cross-entropy over the positions whose label is not IGNORE_INDEX. logits (B, S, V), labels (B, S).
-    A batch without a chosen position gives 0, not nan."""
+def token_cross_entropy(logits, labels):
+    """Mean cross-entropy over the positions whose label is not IGNORE_INDEX: BERT's masked-LM loss here, T5's
+    sequence-to-sequence loss in Chapter 12 (Hugging Face's `loss` for both). logits (B, S, V) float; labels
+    (B, S) of ids in [0, V) or IGNORE_INDEX. A batch without a labelled position gives 0, not nan.
+    Nothing is read back to the host: F.cross_entropy itself rejects an id outside [0, V) (on the CPU as a
+    ValueError naming labels; on a GPU as a device-side assert)."""
     check_tensor("logits", logits, dim=3, floating=True, shape_text="(B, S, V)")
     if not isinstance(labels, torch.Tensor) or labels.shape != logits.shape[:2]:
         raise ValueError(f"labels must have shape (B, S) = {tuple(logits.shape[:2])}, got {describe(labels)}")
-    check_tensor("labels", labels, floating=False)
-    V = logits.size(-1)
-    if ((labels != IGNORE_INDEX) & ((labels < 0) | (labels >= V))).any():
-        raise ValueError(f"labels must hold token ids in [0, {V - 1}] or IGNORE_INDEX ({IGNORE_INDEX}), got values "
-                         f"from {int(labels.min())} to {int(labels.max())}")
-    if not (labels != IGNORE_INDEX).any():
-        return logits.sum() * 0.0
-    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+    check_tensor("labels", labels, floating=False, shape_text="(B, S) of token ids or IGNORE_INDEX")
+    counted = (labels != IGNORE_INDEX).sum()                       # a tensor: no host synchronisation
+    try:
+        total = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+    except IndexError as error:                                    # the CPU's "Target 7 is out of bounds."
+        raise ValueError(f"labels must hold token ids in [0, {logits.size(-1) - 1}] or IGNORE_INDEX ({IGNORE_INDEX}) "
+                         f"(V = logits.size(-1) = {logits.size(-1)}): {error}") from None
+    return total / counted.clamp(min=1)                            # the mean, and 0 (not 0/0) for no position

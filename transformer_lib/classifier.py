@@ -6,7 +6,6 @@ __all__ = ['PAD_ID', 'CLS_ID', 'MASK_ID', 'NUM_LEVELS', 'VOCAB_SIZE', 'CLASSES',
 
 # %% ../chapters/10_encoder_only.ipynb #c004
 import math
-import time
 
 import torch
 import torch.nn as nn
@@ -15,7 +14,7 @@ import torch.nn.functional as F
 from .attention import padding_mask
 from .encoder import Encoder
 from .positional import PositionalEncoding, TokenEmbedding
-from .training import warmup_linear_scheduler
+from .training import decay_groups, inference, train, warmup_linear_scheduler
 from .validation import check_bool, check_float, check_int, check_tensor, checked, describe
 
 # %% ../chapters/10_encoder_only.ipynb #c008
@@ -134,9 +133,8 @@ class SequenceClassifier(nn.Module):
         self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, dropout, norm_first=True)
         self.head = nn.Linear(d_model, check_int("num_classes", num_classes, 2))
 
-    def forward(self, tokens, need_weights: bool = False):
+    def forward(self, tokens):
         check_tensor("tokens", tokens, dim=2, floating=False, shape_text="(B, length)")   # ids: by the lookup
-        check_bool("need_weights", need_weights)
         if self.pooling == "cls":                                    # [CLS] x_1 ... x_S
             cls = tokens.new_full((tokens.size(0), 1), self.cls_id)
             tokens = torch.cat([cls, tokens], dim=1)                 # (B, 1 + S)
@@ -144,12 +142,8 @@ class SequenceClassifier(nn.Module):
         x = self.embed(tokens)                                       # (B, S, d_model)
         x = self.position(x) if self.positional else self.position.dropout(x)
         with checked():                                              # checked once, here: not in every layer
-            hidden = self.encoder(x, mask, need_weights)             # (B, S, d_model)
+            hidden = self.encoder(x, mask)                           # (B, S, d_model)
         return self.head(pool(hidden, mask[:, 0, 0], self.pooling))  # (B, num_classes)
-
-    def attention_weights(self) -> list:
-        """Each layer's (B, h, S, S) weights from the last call made with need_weights=True."""
-        return [layer.self_attn_weights for layer in self.encoder.layers]
 
 # %% ../chapters/10_encoder_only.ipynb #c020
 def random_batches(*tensors, batch_size: int = 64, seed: int = 0, pad_id: int = PAD_ID):
@@ -186,74 +180,21 @@ def _device_of(model) -> torch.device:
 def fit(model, loss_fn, batches, steps: int, lr: float = 3e-3, warmup_steps: int | None = None,
         weight_decay: float = 0.01, betas=(0.9, 0.999), clip_norm: float | None = None, evaluate=None,
         eval_every: int = 100, progress: bool = True) -> dict:
-    """Train model for `steps` AdamW steps: loss_fn(model, batch) -> scalar loss, batch = next(batches), moved
-    to the model's device. The learning rate rises linearly over warmup_steps (default 10 %) and falls
-    linearly to 0 at the last step (Chapter 8's schedule). clip_norm: clip the gradients' global norm.
-    evaluate(model) -> float, called in eval mode without gradients every eval_every steps and at the end.
-    The model trains in train mode and is left in the mode it was given (also when fit raises). A loss that is
-    not finite stops the run with a ValueError before that step is applied (training diverged: lower lr).
-    -> {"loss": [per step], "eval_step": [...], "eval": [...], "seconds": float}"""
-    from tqdm import tqdm   # imported here: the library itself needs only torch and numpy
-
-    device = _device_of(model)
-    if not callable(loss_fn):
-        raise ValueError(f"loss_fn must be a function loss_fn(model, batch) -> scalar loss, got {describe(loss_fn)}")
-    if evaluate is not None and not callable(evaluate):
-        raise ValueError(f"evaluate must be None or a function evaluate(model) -> float, got {describe(evaluate)}")
+    """Chapter 8's train() with the optimizer and schedule of Part III: AdamW (weight_decay on the weight
+    matrices only, decay_groups) and a learning rate that rises linearly over warmup_steps (default 10 % of
+    steps) and falls linearly to 0 at the last step. loss_fn(model, batch) -> scalar loss; batches: e.g.
+    random_batches(...). clip_norm, evaluate, eval_every, progress and the history returned: as in train()."""
+    _device_of(model)
     check_int("steps", steps, 2)
-    check_int("eval_every", eval_every)
     check_float("lr", lr, 0.0, math.inf, low_open=True, high_open=True)
-    check_float("weight_decay", weight_decay, 0.0, math.inf, high_open=True)
     if not isinstance(betas, (tuple, list)) or len(betas) != 2:
         raise ValueError(f"betas must be a pair (beta1, beta2), each in [0, 1), got {describe(betas)}")
     betas = tuple(check_float("betas", b, 0.0, 1.0, high_open=True) for b in betas)
-    if clip_norm is not None:
-        check_float("clip_norm", clip_norm, 0.0, low_open=True)
-    check_bool("progress", progress)
     warmup_steps = max(1, steps // 10) if warmup_steps is None else check_int("warmup_steps", warmup_steps)
-    try:
-        batches = iter(batches)
-    except TypeError:
-        raise ValueError(f"batches must be an iterator of batches, e.g. random_batches(...), got "
-                         f"{describe(batches)}") from None
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+    optimizer = torch.optim.AdamW(decay_groups(model, weight_decay), lr=lr, betas=betas)
     scheduler = warmup_linear_scheduler(optimizer, steps, warmup_steps)
-    history, start = {"loss": [], "eval_step": [], "eval": [], "seconds": 0.0}, time.perf_counter()
-    was_training = model.training
-    model.train()
-    try:
-        for step in tqdm(range(1, steps + 1), disable=not progress, mininterval=2.0):
-            try:
-                batch = next(batches)
-            except StopIteration:
-                raise ValueError(f"batches is empty after {step - 1} batches, but steps={steps} needs {steps}: "
-                                 "pass an endless iterator such as random_batches(...)") from None
-            loss = loss_fn(model, [t.to(device) for t in batch])
-            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                raise ValueError(f"loss_fn must return a scalar loss tensor, got {describe(loss)}")
-            value = loss.item()
-            if not math.isfinite(value):
-                raise ValueError(f"the loss is not finite ({value}) at step {step} of {steps}: training diverged "
-                                 f"(lr={lr:g} too large?); the model holds the weights after step {step - 1}")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if clip_norm is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-            optimizer.step()
-            scheduler.step()
-            history["loss"].append(value)
-            if evaluate is not None and (step % eval_every == 0 or step == steps):
-                model.eval()
-                try:
-                    with torch.no_grad():
-                        history["eval_step"].append(step)
-                        history["eval"].append(float(evaluate(model)))
-                finally:
-                    model.train()
-    finally:
-        model.train(was_training)
-    history["seconds"] = time.perf_counter() - start
-    return history
+    return train(model, loss_fn, batches, optimizer, scheduler, steps, evaluate=evaluate, eval_every=eval_every,
+                 clip_norm=clip_norm, progress=progress)
 
 
 def classification_loss(model, batch):
@@ -262,16 +203,12 @@ def classification_loss(model, batch):
     return F.cross_entropy(model(tokens), labels)
 
 
-@torch.no_grad()
+@inference
 def predict(model, tokens, batch_size: int = 1024):
-    """The most probable class of every row of tokens (N, S), computed in eval mode; the model is left in the
-    mode it was given. -> (N,) long, on the CPU."""
+    """The most probable class of every row of tokens (N, S), computed in eval mode (Chapter 8's inference
+    rule: the model is left in the mode it was given). -> (N,) long, on the CPU."""
     check_int("batch_size", batch_size)
     check_tensor("tokens", tokens, dim=2, floating=False, shape_text="(N, S) token ids")
-    device, was_training = _device_of(model), model.training
-    model.eval()
-    try:
-        out = [model(tokens[i:i + batch_size].to(device)).argmax(-1).cpu() for i in range(0, len(tokens), batch_size)]
-    finally:
-        model.train(was_training)
+    device = _device_of(model)
+    out = [model(tokens[i:i + batch_size].to(device)).argmax(-1).cpu() for i in range(0, len(tokens), batch_size)]
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)

@@ -28,8 +28,8 @@ class DecoderLayer(nn.Module):
     cache: new_cache() for incremental decoding; x then holds only the new positions, and the mask's keys
     count the t cached positions too: tgt_mask (B|1, h|1, T|1, t + T).
     attn_bias: an additive float (B|1, h|1, T|1, t + T) for the self-attention scores (T5's position bias).
-    need_weights=True keeps the attention weights in self.self_attn_weights (B, h, T, T) and
-    self.cross_attn_weights (B, h, T, S) (None until such a call).
+    No attention weights are kept: attention_maps(layer) (Chapter 2) hands them back ("self_attn",
+    "cross_attn").
     """
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, norm_first: bool = False,
@@ -44,8 +44,6 @@ class DecoderLayer(nn.Module):
         # around self-attention, cross-attention and the FFN; without cross-attention (GPT-2) two sublayers
         for i in range(1, 4 if cross_attention else 3):
             self.add_module(f"sublayer{i}", SublayerConnection(d_model, dropout, norm_first, eps, norm))
-        self.self_attn_weights = None
-        self.cross_attn_weights = None
 
     def new_cache(self) -> tuple:
         """An empty cache for incremental decoding: the self-attention keys and values grow by the new
@@ -53,12 +51,11 @@ class DecoderLayer(nn.Module):
         cross-attention)."""
         return AttentionCache(), (AttentionCache(static=True) if self.cross_attn is not None else None)
 
-    def forward(self, x, memory=None, src_mask=None, tgt_mask=None, need_weights: bool = False, cache=None,
-                attn_bias=None):
+    def forward(self, x, memory=None, src_mask=None, tgt_mask=None, cache=None, attn_bias=None):
         if checks_due():              # called directly: check once, then run as a checked call (Chapter 1)
-            self.check_inputs(x, memory, src_mask, tgt_mask, need_weights, cache, attn_bias)
+            self.check_inputs(x, memory, src_mask, tgt_mask, cache, attn_bias)
             with checked():
-                return self.forward(x, memory, src_mask, tgt_mask, need_weights, cache, attn_bias)
+                return self.forward(x, memory, src_mask, tgt_mask, cache, attn_bias)
         self_cache, cross_cache = (None, None) if cache is None else cache
         t, T = len(self_cache or ()), x.size(1)                   # t positions cached before these T
         mask = causal_mask(T, t + T, device=x.device)[None, None]  # (1, 1, T, t + T): causal, always
@@ -66,29 +63,21 @@ class DecoderLayer(nn.Module):
             mask = mask & tgt_mask                                # (B|1, h|1, T, t + T): may only remove keys
 
         def self_attention(y):                                    # Q, K, V from the target; future masked
-            out, weights = self.self_attn(y, y, y, mask, need_weights, cache=self_cache, attn_bias=attn_bias)
-            if need_weights:
-                self.self_attn_weights = weights
-            return out
+            return self.self_attn(y, y, y, mask, cache=self_cache, attn_bias=attn_bias)[0]
 
         def cross_attention(y):                                   # Q from the target; K, V from the source
-            out, weights = self.cross_attn(y, memory, memory, src_mask, need_weights, cache=cross_cache)
-            if need_weights:
-                self.cross_attn_weights = weights
-            return out
+            return self.cross_attn(y, memory, memory, src_mask, cache=cross_cache)[0]
         x = self.sublayer1(x, self_attention)                     # (B, T, d_model)
         if self.cross_attn is None:
             return self.sublayer2(x, self.feed_forward)           # (B, T, d_model)
         x = self.sublayer2(x, cross_attention)                    # (B, T, d_model)
         return self.sublayer3(x, self.feed_forward)               # (B, T, d_model)
 
-    def check_inputs(self, x, memory=None, src_mask=None, tgt_mask=None, need_weights=False, cache=None,
-                     attn_bias=None) -> None:
+    def check_inputs(self, x, memory=None, src_mask=None, tgt_mask=None, cache=None, attn_bias=None) -> None:
         """The checks of forward (the stacks and models that call this layer run them once, at their door)."""
         d, h = self.d_model, self.self_attn.num_heads
         check_tensor("x", x, dim=3, last=d, floating=True, shape_text=f"(B, T, d_model={d})")
         check_same_dtype("the module", self.self_attn.W_q.weight, x=x)
-        check_bool("need_weights", need_weights)
         B, T = x.shape[:2]
         if self.cross_attn is None:
             if memory is not None or src_mask is not None:
@@ -155,16 +144,15 @@ class Decoder(nn.Module):
                              f"caches, got {describe(cache)}")
         return len(cache[0][0])
 
-    def forward(self, x, memory=None, src_mask=None, tgt_mask=None, need_weights: bool = False, cache=None,
-                attn_bias=None):
+    def forward(self, x, memory=None, src_mask=None, tgt_mask=None, cache=None, attn_bias=None):
         if checks_due():              # check once here, not in every layer
             self.cache_length(cache)                                 # validates the cache
-            self.layers[0].check_inputs(x, memory, src_mask, tgt_mask, need_weights,
-                                        None if cache is None else cache[0], attn_bias)
+            self.layers[0].check_inputs(x, memory, src_mask, tgt_mask, None if cache is None else cache[0],
+                                        attn_bias)
             with checked():
-                return self.forward(x, memory, src_mask, tgt_mask, need_weights, cache, attn_bias)
+                return self.forward(x, memory, src_mask, tgt_mask, cache, attn_bias)
         for i, layer in enumerate(self.layers):
-            x = layer(x, memory, src_mask, tgt_mask, need_weights, None if cache is None else cache[i], attn_bias)
+            x = layer(x, memory, src_mask, tgt_mask, None if cache is None else cache[i], attn_bias)
         return self.norm(x) if self.norm is not None else x        # (B, T, d_model)
 
 

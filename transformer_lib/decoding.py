@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from .attention import padding_mask
+from .multi_head import attention_maps
+from .training import inference
 from .validation import (check_bool, check_float, check_int, check_mask, check_rows, check_same_dtype,
                                         check_tensor, check_token_ids, checked, checks_due, describe)
 
@@ -49,7 +51,7 @@ def length_penalty(length, alpha: float = 0.6):
     return ((5 + length) / 6) ** alpha
 
 
-@torch.no_grad()
+@inference
 def greedy_decode(model, src, src_mask=None, *, bos_id: int, eos_id: int, pad_id: int = 0, max_new_tokens=None,
                   alpha: float = 0.6, use_cache: bool = True):
     """Batched greedy decoding: append the most probable token, one position at a time.
@@ -137,7 +139,7 @@ class KVCache:
             self.src_mask = self.src_mask[index]
 
 # %% ../chapters/08_training.ipynb #c050
-@torch.no_grad()
+@inference
 def translate(model, tokenizer, texts, *, beam_size: int = 1, alpha: float = 0.6, batch_size: int = 250,
               max_new_tokens=None):
     """Translate a list of strings: greedy decoding (beam_size=1) or beam search. Returns a list of strings.
@@ -170,15 +172,15 @@ def translate(model, tokenizer, texts, *, beam_size: int = 1, alpha: float = 0.6
     return out
 
 
-@torch.no_grad()
+@inference
 def cross_attention_maps(model, src, tgt_in, src_mask=None) -> list:
     """Every decoder layer's cross-attention weights (B, h, T, S) for teacher-forced input tgt_in (B, T)."""
-    memory = model.encode(src, src_mask)
-    model.decode(tgt_in, memory, src_mask, need_weights=True)          # causal: the decoder masks the future
-    return [layer.cross_attn_weights for layer in model.decoder.layers]
+    with attention_maps(model.decoder) as maps:                        # Chapter 2: the weights handed back
+        model(src, tgt_in, src_mask)                                    # causal: the decoder masks the future
+    return [maps[f"layers.{i}.cross_attn"] for i in range(len(model.decoder.layers))]
 
 # %% ../chapters/08_training.ipynb #c056
-@torch.no_grad()
+@inference
 def beam_search(model, src, src_mask=None, *, bos_id: int, eos_id: int, pad_id: int = 0, beam_size: int = 4,
                 alpha: float = 0.6, max_new_tokens=None):
     """Batched beam search. Every source keeps beam_size open hypotheses; each step extends them all and keeps
@@ -234,7 +236,7 @@ def beam_search(model, src, src_mask=None, *, bos_id: int, eos_id: int, pad_id: 
     return best[:, :int(best_len.max())], best_score
 
 # %% ../chapters/08_training.ipynb #c057
-@torch.no_grad()
+@inference
 def sequence_scores(model, src, src_mask, tokens, *, bos_id: int, eos_id: int, alpha: float = 0.6):
     """The score beam search ranks by, computed by teacher forcing: log P(Y | X) / lp(|Y|) for each row of
     tokens (B, L) (without BOS; the sequence ends at its first EOS, or after L tokens). Returns (B,) float64."""

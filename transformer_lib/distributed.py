@@ -23,6 +23,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.utils.data.distributed import DistributedSampler
 
+from .training import checkpoint_dict
 from .validation import check_bool, check_float, check_int, describe
 
 # %% ../chapters/13_scaling.ipynb #c006
@@ -284,7 +285,7 @@ def all_rng_states() -> list:
     return states
 
 # %% ../chapters/13_scaling.ipynb #c016
-TRAINING_STATE_KEYS = ("step", "model", "optimizer", "scheduler", "rng")
+TRAINING_STATE_KEYS = ("step", "state_dict", "optimizer", "scheduler", "rng")
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -317,7 +318,10 @@ def training_state(model, optimizer, scheduler, step: int, *, scaler=None, rng=N
     rng = [rng_state()] if rng is None else rng
     if not isinstance(rng, list) or not rng or not all(isinstance(s, dict) for s in rng):
         raise ValueError(f"rng must be a non-empty list of rng_state() dicts (one per rank), got {describe(rng)}")
-    state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+    # Chapter 8's checkpoint format (which load_checkpoint reads) for a model built from a config
+    has_config = dataclasses.is_dataclass(getattr(model, "config", None))
+    weights = checkpoint_dict(model) if has_config else {"state_dict": model.state_dict()}
+    state = {**weights, "step": step, "optimizer": optimizer.state_dict(),
              "scheduler": scheduler.state_dict(), "rng": rng, "optimizer_class": type(optimizer).__name__,
              "scheduler_class": type(scheduler).__name__, **extra}
     if scaler is not None:
@@ -346,22 +350,22 @@ def restore_training_state(state: dict, model, optimizer=None, scheduler=None, *
         if obj is not None and saved is not None and saved != type(obj).__name__:
             raise ValueError(f"state['{part}'] holds the state of a {saved} {part}, but the {part} passed is "
                              f"{type(obj).__name__}: build the {part} the saved run used")
-    ours, theirs = unwrap(model).state_dict(), state["model"]
+    ours, theirs = unwrap(model).state_dict(), state["state_dict"]
     if not isinstance(theirs, dict):
-        raise ValueError(f"state['model'] must be a state_dict, got {describe(theirs)}")
+        raise ValueError(f"state['state_dict'] must be a state_dict, got {describe(theirs)}")
     if set(theirs) != set(ours):
         names = sorted(set(theirs) ^ set(ours))
-        raise ValueError(f"state['model'] does not fit model ({type(unwrap(model)).__name__}): the weights differ "
+        raise ValueError(f"state['state_dict'] does not fit model ({type(unwrap(model)).__name__}): the weights differ "
                          f"in name, e.g. {names[:3]}; build the model the saved run used")
     wrong = [k for k in ours if not isinstance(theirs[k], torch.Tensor) or theirs[k].shape != ours[k].shape]
     if wrong:
-        raise ValueError(f"state['model'] does not fit model: {wrong[0]!r} has shape "
+        raise ValueError(f"state['state_dict'] does not fit model: {wrong[0]!r} has shape "
                          f"{tuple(getattr(theirs[wrong[0]], 'shape', ()))} in the state, {tuple(ours[wrong[0]].shape)} "
                          f"in the model; build the model the saved run used")
     if restore_rng and rank >= len(state["rng"]):
         raise ValueError(f"the state holds the generators of {len(state['rng'])} rank(s), none for rank "
                          f"{rank}; pass restore_rng=False when the run uses no randomness (dropout 0)")
-    unwrap(model).load_state_dict(state["model"])
+    unwrap(model).load_state_dict(state["state_dict"])
     if optimizer is not None:
         optimizer.load_state_dict(state["optimizer"])
     if scheduler is not None:

@@ -23,8 +23,7 @@ class EncoderLayer(nn.Module):
     constructor, as in nn.TransformerEncoderLayer: the families of Part III configure this layer, never patch it.
     forward: x (B, S, d_model), src_mask bool (B|1, h|1, S|1, S), True = may attend -> (B, S, d_model);
     attn_bias: an additive float (B|1, h|1, S|1, S) for the scores (T5's position bias).
-    With need_weights=True the attention weights (B, h, S, S) are kept in self.self_attn_weights
-    (None until such a call).
+    The attention weights are not kept: run the layer inside attention_maps(layer) (Chapter 2) to see them.
     """
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, norm_first: bool = False,
@@ -35,27 +34,22 @@ class EncoderLayer(nn.Module):
         self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout, activation, bias)  # dropout after it
         self.sublayer1 = SublayerConnection(d_model, dropout, norm_first, eps, norm)     # around self-attention
         self.sublayer2 = SublayerConnection(d_model, dropout, norm_first, eps, norm)     # around the FFN
-        self.self_attn_weights = None
 
-    def forward(self, x, src_mask=None, need_weights: bool = False, attn_bias=None):
+    def forward(self, x, src_mask=None, attn_bias=None):
         if checks_due():              # called directly: check once, then run as a checked call (Chapter 1)
-            self.check_inputs(x, src_mask, need_weights, attn_bias)
+            self.check_inputs(x, src_mask, attn_bias)
             with checked():
-                return self.forward(x, src_mask, need_weights, attn_bias)
+                return self.forward(x, src_mask, attn_bias)
 
         def self_attention(y):                                    # queries, keys and values all come from y
-            out, weights = self.self_attn(y, y, y, src_mask, need_weights, attn_bias=attn_bias)
-            if need_weights:
-                self.self_attn_weights = weights
-            return out
+            return self.self_attn(y, y, y, src_mask, attn_bias=attn_bias)[0]
         x = self.sublayer1(x, self_attention)                     # (B, S, d_model)
         return self.sublayer2(x, self.feed_forward)               # (B, S, d_model)
 
-    def check_inputs(self, x, src_mask=None, need_weights=False, attn_bias=None) -> None:
+    def check_inputs(self, x, src_mask=None, attn_bias=None) -> None:
         """The checks of forward (the stacks and models that call this layer run them once, at their door)."""
         check_tensor("x", x, dim=3, last=self.d_model, floating=True, shape_text=f"(B, S, d_model={self.d_model})")
         check_same_dtype("the module", self.self_attn.W_q.weight, x=x)
-        check_bool("need_weights", need_weights)
         B, S = x.shape[:2]
         if src_mask is not None:
             check_mask("src_mask", src_mask, (B, self.self_attn.num_heads, S, S), "(B, h, S, S)")
@@ -110,13 +104,13 @@ class Encoder(nn.Module):
                                     for _ in range(check_int("num_layers", num_layers)))
         self.norm = norm(d_model, eps=eps) if check_bool("final_norm", final_norm) else None
 
-    def forward(self, x, src_mask=None, need_weights: bool = False, attn_bias=None):
+    def forward(self, x, src_mask=None, attn_bias=None):
         if checks_due():              # check once here, not in every layer
-            self.layers[0].check_inputs(x, src_mask, need_weights, attn_bias)
+            self.layers[0].check_inputs(x, src_mask, attn_bias)
             with checked():
-                return self.forward(x, src_mask, need_weights, attn_bias)
+                return self.forward(x, src_mask, attn_bias)
         for layer in self.layers:
-            x = layer(x, src_mask, need_weights, attn_bias)       # (B, S, d_model)
+            x = layer(x, src_mask, attn_bias=attn_bias)           # (B, S, d_model)
         return self.norm(x) if self.norm is not None else x
 
 

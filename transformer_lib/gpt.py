@@ -18,8 +18,9 @@ import torch.nn.functional as F
 from .decoder import DecoderLayer
 from .hf import HFTensor, hf_state_dict, load_by_names, save_by_names
 from .residual import LayerNorm
-from .validation import (check_bool, check_float, check_int, check_mask, check_probability,
-                                        check_tensor, check_token_ids, checked, describe, lookup)
+from .training import inference
+from .validation import (check_float, check_int, check_mask, check_probability, check_tensor,
+                                        check_token_ids, checked, describe, lookup)
 
 # %% ../chapters/11_decoder_only.ipynb #c007
 # Python's own standard library, split by file: the model never sees a held-out module.
@@ -98,7 +99,7 @@ class GPT(nn.Module):
     final LayerNorm, and an output layer tied to the token embedding. GPT-2's initialisation: N(0, 0.02^2),
     the two projections into the residual stream (W_o, linear2) scaled by 1/sqrt(2 num_layers).
 
-    forward(tokens (B, T), mask=None, cache=None, need_weights=False, position_ids=None) -> logits (B, T, vocab_size).
+    forward(tokens (B, T), mask=None, cache=None, position_ids=None) -> logits (B, T, vocab_size).
     cache: new_cache() for incremental decoding; tokens then hold only the new positions.
     position_ids (B|1, T) long: the position of each token (default t .. t + T - 1). For left-padded rows pass,
     as Hugging Face's GPT-2 does, (keep.cumsum(-1) - 1).clamp(min=0) of the (B, t + T) bool keep mask (True at
@@ -128,9 +129,8 @@ class GPT(nn.Module):
         (and None for the cross-attention a GPT block does not have)."""
         return [block.new_cache() for block in self.blocks]
 
-    def forward(self, tokens, mask=None, cache=None, need_weights: bool = False, position_ids=None):
+    def forward(self, tokens, mask=None, cache=None, position_ids=None):
         check_tensor("tokens", tokens, dim=2, floating=False, shape_text="(B, length)")   # ids: by the lookup
-        check_bool("need_weights", need_weights)
         if cache is not None and (not isinstance(cache, list) or len(cache) != len(self.blocks)
                                   or not all(isinstance(c, tuple) and len(c) == 2 for c in cache)):
             raise ValueError(f"cache must come from GPT.new_cache(), got {describe(cache)}")
@@ -157,12 +157,8 @@ class GPT(nn.Module):
         x = self.dropout(x)
         with checked():                                                           # the blocks check nothing
             for i, block in enumerate(self.blocks):
-                x = block(x, tgt_mask=mask, need_weights=need_weights, cache=None if cache is None else cache[i])
+                x = block(x, tgt_mask=mask, cache=None if cache is None else cache[i])
         return self.norm(x) @ self.token.weight.T                                 # (B, T, V): tied output
-
-    def attention_weights(self) -> list:
-        """Each block's (B, h, T, t + T) weights from the last call made with need_weights=True."""
-        return [block.self_attn_weights for block in self.blocks]
 
 # %% ../chapters/11_decoder_only.ipynb #c020
 def gpt2_hf_names(model: GPT) -> dict:
@@ -295,7 +291,7 @@ def random_windows(ids, context: int, batch_size: int, seed: int = 0):
 
 
 def lm_loss(model, batch):
-    """Next-token cross-entropy (nats per token), for classifier.fit(): batch = (windows (B, T + 1),), T >= 1."""
+    """Next-token cross-entropy (nats per token), for fit() and train(): batch = (windows (B, T + 1),), T >= 1."""
     if not isinstance(batch, (tuple, list)) or len(batch) != 1:
         raise ValueError(f"batch must be a 1-tuple (windows (B, T + 1),), got {describe(batch)}")
     x = check_tensor("batch[0]", batch[0], dim=2, floating=False, shape_text="(B, T + 1) token ids")
@@ -306,7 +302,7 @@ def lm_loss(model, batch):
     return F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
 
 
-@torch.no_grad()
+@inference
 def sequence_nll(model, ids, context: int | None = None) -> float:
     """-sum log p(ids[i] | ids[:i]) in nats over a 1-D id tensor (the first token is not scored), with sliding
     windows of `context` tokens (default: max_len) advancing by context/2: every token is scored once, with at
@@ -319,15 +315,10 @@ def sequence_nll(model, ids, context: int | None = None) -> float:
         raise ValueError(f"ids must be a 1-D tensor of token ids, got {describe(ids)}")
     check_token_ids("ids", ids, model.config.vocab_size, dim=1)
     stride, device, total = context // 2, next(model.parameters()).device, 0.0
-    was_training = model.training
-    model.eval()
-    try:
-        for s in range(0, max(len(ids) - context, 0) + stride, stride):
-            x = ids[s:s + context + 1].to(device)                           # up to context + 1 tokens
-            if len(x) < 2:
-                break
-            nll = F.cross_entropy(model(x[None, :-1])[0].float(), x[1:], reduction="none")
-            total += nll[0 if s == 0 else context - stride:].sum().item()  # only the tokens not scored yet
-    finally:
-        model.train(was_training)
+    for s in range(0, max(len(ids) - context, 0) + stride, stride):
+        x = ids[s:s + context + 1].to(device)                               # up to context + 1 tokens
+        if len(x) < 2:
+            break
+        nll = F.cross_entropy(model(x[None, :-1])[0].float(), x[1:], reduction="none")
+        total += nll[0 if s == 0 else context - stride:].sum().item()      # only the tokens not scored yet
     return total

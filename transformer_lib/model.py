@@ -69,7 +69,7 @@ class TransformerConfig:
 class Transformer(nn.Module):
     """The encoder-decoder Transformer of Vaswani et al. (2017), Figure 1.
 
-    forward(src (B, S) ids, tgt (B, T) ids, src_mask (B|1, 1, 1, S), tgt_mask (B|1, 1, 1|T, T), need_weights)
+    forward(src (B, S) ids, tgt (B, T) ids, src_mask (B|1, 1, 1, S), tgt_mask (B|1, 1, 1|T, T))
     -> logits (B, T, tgt_vocab_size), no softmax. Masks are bool, True = may attend; None = no mask. The
     decoder is always causal: tgt_mask (e.g. target padding) can only remove keys.
     make_src_mask / make_tgt_mask build the usual masks from config.pad_id.
@@ -112,18 +112,16 @@ class Transformer(nn.Module):
         """(B, 1, T, T) bool: query i may attend to key j if j <= i and tgt[:, j] is not padding."""
         return padding_mask(tgt, self.config.pad_id) & causal_mask(tgt.size(1), device=tgt.device)
 
-    def encode(self, src, src_mask=None, need_weights: bool = False):
-        """src (B, S) token ids -> memory (B, S, d_model). need_weights: keep every layer's attention maps."""
+    def encode(self, src, src_mask=None):
+        """src (B, S) token ids -> memory (B, S, d_model)."""
         x = self.src_embed(src, name="src")                     # checks src: (B, S) ids in the vocabulary
-        if checks_due():                                        # the door: the layers inside check nothing
-            check_bool("need_weights", need_weights)
-            if src_mask is not None:
-                check_mask("src_mask", src_mask, (src.size(0), 1, 1, src.size(1)), "(B, 1, 1, S)")
+        if checks_due() and src_mask is not None:              # the door: the layers inside check nothing
+            check_mask("src_mask", src_mask, (src.size(0), 1, 1, src.size(1)), "(B, 1, 1, S)")
         with checked():
             x = self.pos_encoding(x)                            # (B, S, d_model): sqrt(d) * E[src] + PE
-            return self.encoder(x, src_mask, need_weights)      # (B, S, d_model)
+            return self.encoder(x, src_mask)                    # (B, S, d_model)
 
-    def decode(self, tgt, memory, src_mask=None, tgt_mask=None, need_weights: bool = False, cache=None):
+    def decode(self, tgt, memory, src_mask=None, tgt_mask=None, cache=None):
         """tgt (B, T) token ids, memory (B, S, d_model) -> hidden states (B, T, d_model), before the generator.
         cache: decoder.new_cache() for incremental decoding; tgt then holds only the new tokens, and the
         positional encodings start after the t cached positions (tgt_mask: (B|1, 1, 1|T, t + T))."""
@@ -135,7 +133,6 @@ class Transformer(nn.Module):
             if memory.size(0) != B:
                 raise ValueError(f"memory must have shape (B={B}, S, d_model={d}), got {describe(memory)}")
             check_same_dtype("the model", self.generator.weight, memory=memory)
-            check_bool("need_weights", need_weights)
             if src_mask is not None:
                 check_mask("src_mask", src_mask, (B, 1, 1, memory.size(1)), "(B, 1, 1, S)")
             if tgt_mask is not None:
@@ -144,23 +141,15 @@ class Transformer(nn.Module):
                 raise ValueError(f"cache holds {cache[0][0].k.size(0)} batch rows but tgt has B={B}")
         with checked():
             x = self.pos_encoding(x, t)                                     # (B, T, d_model)
-            return self.decoder(x, memory, src_mask, tgt_mask, need_weights, cache)   # (B, T, d_model)
+            return self.decoder(x, memory, src_mask, tgt_mask, cache)       # (B, T, d_model)
 
-    def forward(self, src, tgt, src_mask=None, tgt_mask=None, need_weights: bool = False):
-        memory = self.encode(src, src_mask, need_weights)                   # (B, S, d_model)
+    def forward(self, src, tgt, src_mask=None, tgt_mask=None):
+        memory = self.encode(src, src_mask)                                 # (B, S, d_model)
         if isinstance(tgt, torch.Tensor) and tgt.dim() == 2 and tgt.size(0) != src.size(0):
             raise ValueError(f"src and tgt must have the same batch size, got src {describe(src)} "
                              f"and tgt {describe(tgt)}")
-        hidden = self.decode(tgt, memory, src_mask, tgt_mask, need_weights)  # (B, T, d_model)
+        hidden = self.decode(tgt, memory, src_mask, tgt_mask)               # (B, T, d_model)
         return self.generator(hidden)                                        # (B, T, tgt_vocab_size)
-
-    def attention_weights(self) -> dict:
-        """Every layer's attention maps from the last call with need_weights=True (None where there was none):
-        {"encoder": [(B, h, S, S)], "decoder_self": [(B, h, T, T)], "decoder_cross": [(B, h, T, S)]}."""
-        dec = self.decoder.layers
-        return {"encoder": [layer.self_attn_weights for layer in self.encoder.layers],
-                "decoder_self": [layer.self_attn_weights for layer in dec],
-                "decoder_cross": [layer.cross_attn_weights for layer in dec]}
 
 # %% ../chapters/07_decoder.ipynb #c034
 def transformer_to_torch(model: Transformer) -> nn.Transformer:

@@ -6,6 +6,7 @@ __all__ = ['filter_logits', 'sample_next', 'generate']
 # %% ../chapters/11_decoder_only.ipynb #c030
 import torch
 
+from .training import inference
 from .validation import check_bool, check_float, check_int, check_tensor, check_token_ids, describe
 
 # %% ../chapters/11_decoder_only.ipynb #c031
@@ -59,7 +60,7 @@ def _sample(logits, temperature: float, top_k, top_p, generator):
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)      # (B,)
 
 # %% ../chapters/11_decoder_only.ipynb #c034
-@torch.no_grad()
+@inference
 def generate(model, prompt, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, generator=None, use_cache: bool = True, prompt_mask=None):
     """Continue prompt (B, T), T >= 1, by max_new_tokens tokens from a decoder-only model -> (B, max_new_tokens).
@@ -91,21 +92,16 @@ def generate(model, prompt, max_new_tokens: int, temperature: float = 1.0, top_k
         if not prompt_mask[:, -1].all():
             raise ValueError("prompt_mask must be True at the last position of every row: pad prompts on the left")
     keep = None if prompt_mask is None else prompt_mask.to(prompt.device)       # (B, t + T): real keys
-    was_training = model.training
-    model.eval()
-    try:
-        cache = model.new_cache() if use_cache else None
-        tokens, feed = prompt, prompt
-        for _ in range(max_new_tokens):
-            if keep is None:
-                logits = model(feed, cache=cache)[:, -1]                     # (B, V) for the next position
-            else:
-                positions = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, -feed.size(1):]
-                logits = model(feed, keep[:, None, None, :], cache=cache, position_ids=positions)[:, -1]
-                keep = torch.cat([keep, keep.new_ones(keep.size(0), 1)], dim=1)
-            nxt = _sample(logits, temperature, top_k, top_p, generator)[:, None]
-            tokens = torch.cat([tokens, nxt], dim=1)
-            feed = nxt if use_cache else tokens
-    finally:
-        model.train(was_training)
+    cache = model.new_cache() if use_cache else None
+    tokens, feed = prompt, prompt
+    for _ in range(max_new_tokens):
+        if keep is None:
+            logits = model(feed, cache=cache)[:, -1]                         # (B, V) for the next position
+        else:
+            positions = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, -feed.size(1):]
+            logits = model(feed, keep[:, None, None, :], cache=cache, position_ids=positions)[:, -1]
+            keep = torch.cat([keep, keep.new_ones(keep.size(0), 1)], dim=1)
+        nxt = _sample(logits, temperature, top_k, top_p, generator)[:, None]
+        tokens = torch.cat([tokens, nxt], dim=1)
+        feed = nxt if use_cache else tokens
     return tokens[:, prompt.size(1):]

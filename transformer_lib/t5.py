@@ -2,8 +2,7 @@
 
 # %% auto #0
 __all__ = ['T5_MAX_NEW_TOKENS', 'RMSNorm', 'relative_position_bucket', 'RelativePositionBias', 'T5Attention', 'T5Config',
-           'init_t5_weights', 'T5', 'shift_right', 'seq2seq_loss', 't5_hf_names', 'load_hf_t5', 'to_hf_t5',
-           't5_generate']
+           'init_t5_weights', 'T5', 'shift_right', 't5_hf_names', 'load_hf_t5', 'to_hf_t5', 't5_generate']
 
 # %% ../chapters/12_t5_and_vit.ipynb #c003
 import dataclasses
@@ -11,7 +10,6 @@ import math
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .attention import padding_mask
 from .bert import IGNORE_INDEX
@@ -20,6 +18,7 @@ from .encoder import Encoder
 from .feed_forward import PositionwiseFeedForward
 from .hf import hf_state_dict, load_by_names, save_by_names
 from .multi_head import MultiHeadAttention
+from .training import inference
 from .validation import (check_attn_bias, check_bool, check_float, check_int, check_mask,
                                         check_probability, check_same_dtype, check_tensor, checked, checks_due, describe,
                                         lookup)
@@ -114,7 +113,7 @@ class T5Attention(MultiHeadAttention):
 
     Nothing is re-implemented: the bias goes to MultiHeadAttention's attn_bias (Chapter 1's function adds it).
     forward(query (B, n_q, d), key, value (B, n_k, d), position_bias (1|B, h|1, n_q, n_k) or None,
-            mask bool (B|1, h|1, n_q|1, n_k), True = may attend, need_weights) -> (output (B, n_q, d), weights)."""
+            mask bool (B|1, h|1, n_q|1, n_k), True = may attend, need_weights) -> (output (B, n_q, d), weights or None)."""
 
     def __init__(self, d_model: int, num_heads: int, dropout: float = 0.1):
         super().__init__(d_model, num_heads, dropout, bias=False, scale=1.0)
@@ -233,10 +232,9 @@ class T5(nn.Module):
         cross-attention one."""
         return self.decoder.new_cache()
 
-    def encode(self, input_ids, mask=None, need_weights: bool = False):
+    def encode(self, input_ids, mask=None):
         """-> memory (B, S, d_model), and the mask used (for decode)."""
         check_tensor("input_ids", input_ids, dim=2, floating=False, shape_text="(B, length)")  # ids: lookup
-        check_bool("need_weights", need_weights)
         B, S = input_ids.shape
         if mask is None:
             mask = padding_mask(input_ids, self.config.pad_id)                # (B, 1, 1, S)
@@ -247,10 +245,9 @@ class T5(nn.Module):
         bias = self.encoder_bias(S, S)                                        # (1, h, S, S), every layer
         x = self.dropout(lookup(self.shared, input_ids, "input_ids"))         # (B, S, d)
         with checked():                                                       # checked once, here
-            return self.dropout(self.encoder(x, mask, need_weights, attn_bias=bias)), mask
+            return self.dropout(self.encoder(x, mask, attn_bias=bias)), mask
 
-    def decode(self, decoder_input_ids, memory, mask=None, decoder_mask=None, need_weights: bool = False,
-               cache=None):
+    def decode(self, decoder_input_ids, memory, mask=None, decoder_mask=None, cache=None):
         """-> logits (B, T, V) for every position of decoder_input_ids, given the encoder's memory.
         cache: new_cache(); decoder_input_ids then holds only the new tokens, after the t cached ones
         (decoder_mask: (B|1, h|1, T|1, t + T))."""
@@ -274,23 +271,16 @@ class T5(nn.Module):
         bias = self.decoder_bias(T, t + T, offset=t)                          # (1, h, T, t + T)
         x = self.dropout(lookup(self.shared, decoder_input_ids, "decoder_input_ids"))   # (B, T, d)
         with checked():                                    # checked once, here; the decoder is always causal
-            x = self.decoder(x, memory, mask, decoder_mask, need_weights, cache, attn_bias=bias)
+            x = self.decoder(x, memory, mask, decoder_mask, cache, attn_bias=bias)
         x = self.dropout(x) * self.config.d_model ** -0.5                     # T5 v1.0 rescales before ...
         return x @ self.shared.weight.T                                       # ... the tied output layer
 
-    def forward(self, input_ids, decoder_input_ids, mask=None, decoder_mask=None, need_weights: bool = False):
-        memory, mask = self.encode(input_ids, mask, need_weights)
+    def forward(self, input_ids, decoder_input_ids, mask=None, decoder_mask=None):
+        memory, mask = self.encode(input_ids, mask)
         if decoder_input_ids is not None and decoder_input_ids.size(0) != input_ids.size(0):
             raise ValueError(f"decoder_input_ids must have the batch size of input_ids B={input_ids.size(0)}, "
                              f"got {describe(decoder_input_ids)}")
-        return self.decode(decoder_input_ids, memory, mask, decoder_mask, need_weights)
-
-    def attention_weights(self) -> dict:
-        """Every layer's maps from the last call with need_weights=True, as Transformer.attention_weights()."""
-        dec = self.decoder.layers
-        return {"encoder": [layer.self_attn_weights for layer in self.encoder.layers],
-                "decoder_self": [layer.self_attn_weights for layer in dec],
-                "decoder_cross": [layer.cross_attn_weights for layer in dec]}
+        return self.decode(decoder_input_ids, memory, mask, decoder_mask)
 
 # %% ../chapters/12_t5_and_vit.ipynb #c020
 def shift_right(labels, start_id: int = 0, pad_id: int = 0):
@@ -301,22 +291,6 @@ def shift_right(labels, start_id: int = 0, pad_id: int = 0):
     shifted = torch.cat([start, labels[:, :-1]], dim=1)
     return shifted.masked_fill(shifted == IGNORE_INDEX, check_int("pad_id", pad_id, 0))
 
-
-def seq2seq_loss(logits, labels):
-    """Mean cross-entropy over the target positions whose label is not IGNORE_INDEX (-100).
-    logits (B, T, V), labels (B, T) of ids in [0, V) or -100. A batch without a labelled position gives 0, not nan."""
-    check_tensor("logits", logits, dim=3, floating=True, shape_text="(B, T, V)")
-    if not isinstance(labels, torch.Tensor) or labels.shape != logits.shape[:2]:
-        raise ValueError(f"labels must have shape (B, T) = {tuple(logits.shape[:2])}, got {describe(labels)}")
-    check_tensor("labels", labels, floating=False, shape_text="(B, T) of token ids or -100")
-    real = labels != IGNORE_INDEX
-    if not real.any():
-        return logits.sum() * 0.0
-    low, high = int(labels[real].min()), int(labels[real].max())
-    if low < 0 or high >= logits.size(-1):
-        raise ValueError(f"labels must hold ids in [0, {logits.size(-1) - 1}] or {IGNORE_INDEX}, got values from "
-                         f"{low} to {high}")
-    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
 
 # %% ../chapters/12_t5_and_vit.ipynb #c023
 def t5_hf_names(model: T5) -> dict:
@@ -373,7 +347,7 @@ def to_hf_t5(model: T5, hf_model):
 T5_MAX_NEW_TOKENS = 512      # T5's pre-training length
 
 
-@torch.no_grad()
+@inference
 def t5_generate(model: T5, input_ids, max_new_tokens: int, mask=None, use_cache: bool = True):
     """Greedy decoding: the decoder starts from pad_id (T5's start token) and appends its most probable token
     until every row has produced eos_id or max_new_tokens were made. -> (B, ≤ max_new_tokens) ids without the
@@ -382,8 +356,8 @@ def t5_generate(model: T5, input_ids, max_new_tokens: int, mask=None, use_cache:
     max_new_tokens: an int in [1, T5_MAX_NEW_TOKENS = 512] (T5 was pre-trained on 512 positions).
     use_cache=True feeds only the newest token at each step, with Chapter 7's decoder cache (the keys and values of
     the earlier positions, the memory's projected once); False re-runs the decoder on the whole prefix (same tokens,
-    O(n²) work; kept to test the cache against). The model runs in eval mode (no dropout); the caller's
-    train/eval mode is restored afterwards, also when an error is raised."""
+    O(n²) work; kept to test the cache against). Chapter 8's inference rule: the model runs in eval mode (no
+    dropout) and the caller's train/eval mode is restored afterwards, also when an error is raised."""
     if not isinstance(model, T5):
         raise ValueError(f"model must be a T5, got {describe(model)}")
     if check_int("max_new_tokens", max_new_tokens) > T5_MAX_NEW_TOKENS:
@@ -391,21 +365,16 @@ def t5_generate(model: T5, input_ids, max_new_tokens: int, mask=None, use_cache:
                          f"{max_new_tokens}")
     check_bool("use_cache", use_cache)
     c = model.config
-    was_training = model.training
-    model.eval()
-    try:
-        memory, mask = model.encode(input_ids, mask)
-        cache = model.new_cache() if use_cache else None
-        out = torch.full((input_ids.size(0), 1), c.pad_id, dtype=torch.long, device=input_ids.device)
-        done = torch.zeros(input_ids.size(0), dtype=torch.bool, device=input_ids.device)
-        for _ in range(max_new_tokens):
-            feed = out[:, -1:] if use_cache else out                          # the newest token, or all
-            next_id = model.decode(feed, memory, mask, cache=cache)[:, -1].argmax(-1)   # (B,)
-            next_id = next_id.masked_fill(done, c.pad_id)
-            out = torch.cat([out, next_id[:, None]], dim=1)
-            done |= next_id == c.eos_id
-            if done.all():                                                    # the one device read per step
-                break
-    finally:
-        model.train(was_training)
+    memory, mask = model.encode(input_ids, mask)
+    cache = model.new_cache() if use_cache else None
+    out = torch.full((input_ids.size(0), 1), c.pad_id, dtype=torch.long, device=input_ids.device)
+    done = torch.zeros(input_ids.size(0), dtype=torch.bool, device=input_ids.device)
+    for _ in range(max_new_tokens):
+        feed = out[:, -1:] if use_cache else out                              # the newest token, or all
+        next_id = model.decode(feed, memory, mask, cache=cache)[:, -1].argmax(-1)   # (B,)
+        next_id = next_id.masked_fill(done, c.pad_id)
+        out = torch.cat([out, next_id[:, None]], dim=1)
+        done |= next_id == c.eos_id
+        if done.all():                                                        # the one device read per step
+            break
     return out[:, 1:]

@@ -11,8 +11,7 @@ import torch.nn as nn
 
 from .encoder import Encoder
 from .hf import HFTensor, hf_state_dict, load_by_names, save_by_names
-from .validation import (check_bool, check_float, check_int, check_probability, check_same_dtype,
-                                        check_tensor, describe)
+from .validation import check_float, check_int, check_probability, check_same_dtype, check_tensor, describe
 
 # %% ../chapters/12_t5_and_vit.ipynb #c034
 def patchify(images, patch_size: int):
@@ -104,7 +103,7 @@ class ViT(nn.Module):
     vector in front, learned positions added, Chapter 6's Encoder in its pre-norm form with GELU and a final
     LayerNorm, and a linear classifier on the [CLS] output.
 
-    features(images (B, C, H, W), need_weights=False) -> (B, 1 + N, d_model)
+    features(images (B, C, H, W)) -> (B, 1 + N, d_model)
     forward(images) -> logits (B, num_classes)."""
 
     def __init__(self, config: ViTConfig):
@@ -126,7 +125,7 @@ class ViT(nn.Module):
             if isinstance(m, nn.Linear):
                 nn.init.zeros_(m.bias)
 
-    def features(self, images, need_weights: bool = False):
+    def features(self, images):
         c = self.config
         check_tensor("images", images, dim=4, floating=True,
                      shape_text=f"(B, C={c.num_channels}, H={c.image_size}, W={c.image_size})")
@@ -137,16 +136,12 @@ class ViT(nn.Module):
         x = self.patch_embedding(patchify(images, c.patch_size))             # (B, N, d)
         cls = self.cls_token.expand(x.size(0), -1, -1)                       # (B, 1, d)
         x = self.dropout(torch.cat([cls, x], dim=1) + self.position)         # (B, 1 + N, d)
-        return self.encoder(x, None, check_bool("need_weights", need_weights))   # every patch sees every patch
+        return self.encoder(x)                                               # every patch sees every patch
 
     def forward(self, images):
         if self.head is None:
             raise ValueError("this ViT has no classification head (num_classes=0): use model.features(images)")
         return self.head(self.features(images)[:, 0])                       # (B, num_classes), from [CLS]
-
-    def attention_weights(self) -> list:
-        """Each layer's (B, h, 1 + N, 1 + N) weights from the last features(..., need_weights=True)."""
-        return [layer.self_attn_weights for layer in self.encoder.layers]
 
 # %% ../chapters/12_t5_and_vit.ipynb #c039
 def _hf_vit_names(num_layers: int, new_style: bool) -> dict:
