@@ -168,9 +168,12 @@ def optimizer():
 
 
 def tmp_checkpoint(content):
-    """Save `content` with torch.save in a temporary file and call load_checkpoint on it."""
+    """Save `content` (a dict with its checksum, as save_checkpoint would) in a temporary file and call
+    load_checkpoint on it."""
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "ckpt.pt")
+        if isinstance(content, dict):
+            content = {**content, trn.CHECKSUM_KEY: trn.checkpoint_checksum(content)}
         torch.save(content, path)
         return trn.load_checkpoint(path)
 

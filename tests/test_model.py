@@ -294,7 +294,7 @@ def test_input_errors():
         (lambda: model(good, good, tgt_mask=causal_mask(3)), r"tgt_mask of shape \(3, 3\) does not fit"),
         (lambda: model(good, good, tgt_mask=causal_mask(4)), r"tgt_mask of shape \(4, 4\) .*mask\[None, None\]"),
         (lambda: model(good, good, src_mask=good != 0), r"src_mask of shape \(2, 4\) .*padding_mask"),
-        (lambda: model(good, good, src_mask=model.make_tgt_mask(good)), r"src_mask .*\(B, 1, 1, S\)"),
+        (lambda: model(good, good[:, :3], src_mask=model.make_tgt_mask(good)), r"src_mask .*\(B, h, T, S\)"),
         (lambda: model(good, good, src_mask=(good != 0).float()[:, None, None]), "src_mask must be a bool tensor"),
         (lambda: model.decode(good, torch.zeros(2, 4, 32), cache=[]), "cache must come from Decoder.new_cache"),
     ]
@@ -352,3 +352,20 @@ def test_check_parameter_count_accepts_the_exact_count(capsys):
 def test_check_parameter_count_names_the_mistake(fn, message):
     with pytest.raises(AssertionError, match=message):
         check_parameter_count(fn)
+
+
+def test_encode_takes_any_mask_with_the_rank_of_its_scores():
+    """CONTRIBUTING's rule at the model's door: encode's src_mask is (B|1, h|1, S|1, S), as Encoder's is."""
+    model = Transformer(small_config()).double().eval()
+    src = tokens(2, 6, 50, seed=4, pad_from=[6, 2])
+    padding = model.make_src_mask(src)                                  # (B, 1, 1, S)
+    square = padding.expand(2, 1, 6, 6)                                 # (B, 1, S, S): the same keys per query
+    torch.testing.assert_close(model.encode(src, square), model.encode(src, padding), rtol=0, atol=0)
+    per_head = padding.expand(2, 4, 6, 6)                               # (B, h, S, S)
+    torch.testing.assert_close(model.encode(src, per_head), model.encode(src, padding), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"src_mask of shape \(2, 1, 5, 6\) does not fit the attention scores "
+                                         r"\(B, h, S, S\) = \(2, 4, 6, 6\)"):
+        model.encode(src, padding.expand(2, 1, 5, 6))
+    memory = model.encode(src, padding)
+    with pytest.raises(ValueError, match=r"src_mask .* does not fit the attention scores \(B, h, T, S\) = \(2, 4, 3, 6\)"):
+        model.decode(tokens(2, 3, 50, seed=5), memory, square)          # (B, 1, S, S) is not a cross mask

@@ -367,7 +367,7 @@ def test_t5_equals_hugging_face_with_padding_and_ignored_labels():
     if tol < 1e-5:
         assert as_shipped[0] > 1e3 * diff_logits                           # the float32 statistic was the gap
     with torch.no_grad():                                                   # the encoders agree too
-        memory, mask = ours.encode(src)
+        memory, mask = ours.encode(src), ours.make_src_mask(src)
         want = hf.encoder(input_ids=src, attention_mask=real.long()).last_hidden_state
         assert max_diff(memory[real], want[real]) < tol
         assert mask.shape == (3, 1, 1, 25) and torch.equal(mask[:, 0, 0], real)
@@ -511,11 +511,11 @@ def test_extra_padding_in_the_source_changes_nothing():
     real = src != PAD
     with torch.no_grad():
         logits = model(src, tgt)
-        memory = model.encode(src)[0]
+        memory = model.encode(src)
         for extra in (1, 4, 30):                                            # past max_distance too
             longer = torch.cat([src, torch.full((3, extra), PAD)], dim=1)
             assert max_diff(model(longer, tgt), logits) < ATOL, extra
-            assert max_diff(model.encode(longer)[0][:, :8][real], memory[real]) < ATOL, extra
+            assert max_diff(model.encode(longer)[:, :8][real], memory[real]) < ATOL, extra
         attend_all = model(src, tgt, mask=torch.ones(1, 1, 1, 8, dtype=torch.bool))
     assert max_diff(attend_all[0], logits[0]) < ATOL                        # row 0 has no padding
     assert max_diff(attend_all[1:], logits[1:]) > 1e-6                      # the padding mask does matter
@@ -525,12 +525,12 @@ def test_the_encoder_sees_the_whole_source_and_the_position_bias():
     model = random_t5(seed=16)
     src, tgt = token_ids(1, 6, seed=17), token_ids(1, 4, seed=18)
     with torch.no_grad():
-        memory = model.encode(src)[0]
+        memory = model.encode(src)
         changed = src.clone()
         changed[0, 5] = 2 + (src[0, 5] - 1) % (V - 2)
-        assert torch.all((model.encode(changed)[0][0, :5] - memory[0, :5]).abs().amax(-1) > 1e-6)   # bidirectional
+        assert torch.all((model.encode(changed)[0, :5] - memory[0, :5]).abs().amax(-1) > 1e-6)   # bidirectional
         model.encoder_bias.table.weight.zero_()
-        assert max_diff(model.encode(src)[0], memory) > 1e-6                # the bias is used
+        assert max_diff(model.encode(src), memory) > 1e-6                # the bias is used
         model.decoder_bias.table.weight.zero_()
         assert torch.isfinite(model(src, tgt)).all()
 
@@ -838,7 +838,7 @@ def test_t5_decode_with_a_cache_equals_the_full_decode(chunk):
     model = random_t5(seed=21).eval()
     src, tgt = token_ids(2, 6, seed=22), token_ids(2, 7, seed=23)
     with torch.no_grad():
-        memory, mask = model.encode(src)
+        memory, mask = model.encode(src), model.make_src_mask(src)
         full = model.decode(tgt, memory, mask)
         cache = model.new_cache()
         parts = [model.decode(tgt[:, s:s + chunk], memory, mask, cache=cache) for s in range(0, 7, chunk)]
@@ -851,3 +851,19 @@ def test_t5_generate_with_and_without_the_cache_gives_the_same_tokens():
     src = token_ids(3, 5, seed=25)
     cached = t5_generate(model, src, 20)
     assert cached.size(1) >= 2 and torch.equal(cached, t5_generate(model, src, 20, use_cache=False))
+
+
+def test_t5_has_the_transformers_encode_decode_generator_api():
+    """As Chapter 7's Transformer: encode -> memory, decode -> hidden states, generator(hidden) -> logits."""
+    model = random_t5(seed=21)
+    src, tgt = token_ids(2, 6, seed=22), token_ids(2, 4, seed=23)
+    src[1, 4:] = model.config.pad_id
+    with torch.no_grad():
+        memory = model.encode(src)
+        mask = model.make_src_mask(src)
+        assert isinstance(memory, torch.Tensor) and memory.shape == (2, 6, model.config.d_model)
+        assert mask.shape == (2, 1, 1, 6) and torch.equal(mask[:, 0, 0], src != model.config.pad_id)
+        hidden = model.decode(tgt, memory, mask)
+        assert hidden.shape == (2, 4, model.config.d_model)
+        assert torch.equal(model.generator(hidden), model(src, tgt))
+        assert max_diff(model.generator(model.decode(tgt, memory)), model(src, tgt)) > 1e-6   # None: no mask

@@ -12,8 +12,10 @@ from transformer_lib.data import CharTokenizer, LengthGroupedSampler, Translatio
 from transformer_lib.exercises.training import check_label_smoothing
 from transformer_lib.model import Transformer, TransformerConfig
 from transformer_lib.training import (
+    CHECKSUM_KEY,
     LabelSmoothingLoss,
     TrainingDiverged,
+    checkpoint_checksum,
     decay_groups,
     evaluate_loss,
     load_checkpoint,
@@ -356,6 +358,18 @@ def test_checkpoint_round_trip(tmp_path):
         assert n1 == n2 and torch.equal(p1, p2)
 
 
+def test_a_flipped_bit_is_refused(tmp_path):
+    """save_checkpoint stores a SHA-256 of the contents; load_checkpoint refuses a file that changed since."""
+    model = _tiny_model(12)
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(path, model)
+    state = torch.load(path, weights_only=True)
+    state["state_dict"]["generator.weight"].view(torch.int32)[0, 0] ^= 1          # one bit of one weight
+    torch.save(state, path)
+    with pytest.raises(ValueError, match=r"is corrupt: the SHA-256 of its contents"):
+        load_checkpoint(path)
+
+
 def test_one_checkpoint_format_for_every_family(tmp_path):
     """load_checkpoint rebuilds any family from save_checkpoint's file and from Chapter 13's training state."""
     from transformer_lib.bert import BertConfig, BertModel
@@ -441,14 +455,21 @@ def test_load_checkpoint_errors(tmp_path):
     cases = [("no_config.pt", {k: v for k, v in good.items() if k != "config"}, "has no 'config' entry"),
              ("no_weights.pt", {k: v for k, v in good.items() if k != "state_dict"}, "has no 'state_dict' entry"),
              ("no_class.pt", {k: v for k, v in good.items() if k != "model_class"}, "has no 'model_class' entry"),
-             ("a_list.pt", [1, 2], "has no 'model_class' entry"),
+             ("a_list.pt", [1, 2], "holds list .*, not a dict"),
              ("foreign.pt", {**good, "model_class": "os.system"}, "'model_class' must name a class of transformer_lib"),
              ("unknown.pt", {**good, "model_class": "transformer_lib.model.Nope"}, "does not have")]
     for name, content, message in cases:
         path = tmp_path / name
-        torch.save(content, path)
+        sealed = {**content, CHECKSUM_KEY: checkpoint_checksum(content)} if isinstance(content, dict) else content
+        torch.save(sealed, path)
         with pytest.raises(ValueError, match=message):
             load_checkpoint(path)
+    torch.save(good, tmp_path / "unsealed.pt")                           # plain torch.save: no checksum
+    with pytest.raises(ValueError, match="not a checkpoint written by transformer_lib: it has no checksum"):
+        load_checkpoint(tmp_path / "unsealed.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match=r"not a checkpoint written by transformer_lib \(truncated or corrupt\?\)"):
+        load_checkpoint(tmp_path / "junk.pt")
     with pytest.raises(ValueError, match="^model must be a transformer_lib model built from a dataclass config"):
         save_checkpoint(tmp_path / "x.pt", nn.Linear(2, 2))
     with pytest.raises(ValueError, match=r"^extra entries must not replace the checkpoint's own, got \['config'\]"):

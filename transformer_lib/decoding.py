@@ -108,7 +108,7 @@ class KVCache:
         check_same_dtype("the model", model.generator.weight, memory=memory)
         B, S = memory.shape[:2]
         if src_mask is not None:
-            check_mask("src_mask", src_mask, (B, 1, 1, S), "(B, 1, 1, S)")
+            check_mask("src_mask", src_mask, (B, model.config.num_heads, 1, S), "(B, h, 1, S) (one new token's)")
         self.model, self.memory, self.src_mask = model, memory, src_mask
         self.layers = model.decoder.new_cache()          # per decoder layer: (self-attention, cross-attention)
 

@@ -116,7 +116,8 @@ class Transformer(nn.Module):
         """src (B, S) token ids -> memory (B, S, d_model)."""
         x = self.src_embed(src, name="src")                     # checks src: (B, S) ids in the vocabulary
         if checks_due() and src_mask is not None:              # the door: the layers inside check nothing
-            check_mask("src_mask", src_mask, (src.size(0), 1, 1, src.size(1)), "(B, 1, 1, S)")
+            B, S, h = *src.shape, self.config.num_heads         # the rank of the encoder's scores (B, h, S, S)
+            check_mask("src_mask", src_mask, (B, h, S, S), "(B, h, S, S)")
         with checked():
             x = self.pos_encoding(x)                            # (B, S, d_model): sqrt(d) * E[src] + PE
             return self.encoder(x, src_mask)                    # (B, S, d_model)
@@ -133,10 +134,11 @@ class Transformer(nn.Module):
             if memory.size(0) != B:
                 raise ValueError(f"memory must have shape (B={B}, S, d_model={d}), got {describe(memory)}")
             check_same_dtype("the model", self.generator.weight, memory=memory)
+            h = self.config.num_heads                                       # the scores: (B, h, T, S), (B, h, T, t + T)
             if src_mask is not None:
-                check_mask("src_mask", src_mask, (B, 1, 1, memory.size(1)), "(B, 1, 1, S)")
+                check_mask("src_mask", src_mask, (B, h, T, memory.size(1)), "(B, h, T, S)")
             if tgt_mask is not None:
-                check_mask("tgt_mask", tgt_mask, (B, 1, T, t + T), "(B, 1, T, T)")
+                check_mask("tgt_mask", tgt_mask, (B, h, T, t + T), "(B, h, T, t + T)" if t else "(B, h, T, T)")
             if t and cache[0][0].k.size(0) != B:
                 raise ValueError(f"cache holds {cache[0][0].k.size(0)} batch rows but tgt has B={B}")
         with checked():

@@ -208,8 +208,9 @@ class T5(nn.Module):
     tied to the embedding and applied to the decoder's output times d^-1/2.
 
     forward(input_ids (B, S), decoder_input_ids (B, T), mask=None, decoder_mask=None) -> logits (B, T, V).
-    mask: bool (B|1, h|1, S|1, S), True = may attend; None masks the padding (input_ids == pad_id).
+    mask: bool (B|1, h|1, 1, S), True = may attend; None masks the padding (make_src_mask(input_ids)).
     decoder_mask: bool (B|1, h|1, T|1, T), combined with the causal mask (which is always applied).
+    As Chapter 7's Transformer: encode -> memory, decode -> hidden states, generator(hidden) -> logits;
     decode(..., cache=model.new_cache()) feeds only the new tokens (incremental decoding, Chapter 8)."""
 
     def __init__(self, config: T5Config):
@@ -232,12 +233,16 @@ class T5(nn.Module):
         cross-attention one."""
         return self.decoder.new_cache()
 
+    def make_src_mask(self, input_ids):
+        """(B, 1, 1, S) bool: True where input_ids is a real token (not config.pad_id), as Transformer's."""
+        return padding_mask(input_ids, self.config.pad_id)
+
     def encode(self, input_ids, mask=None):
-        """-> memory (B, S, d_model), and the mask used (for decode)."""
+        """-> memory (B, S, d_model). mask: (B|1, h|1, S|1, S); None masks the padding (make_src_mask)."""
         check_tensor("input_ids", input_ids, dim=2, floating=False, shape_text="(B, length)")  # ids: lookup
         B, S = input_ids.shape
         if mask is None:
-            mask = padding_mask(input_ids, self.config.pad_id)                # (B, 1, 1, S)
+            mask = self.make_src_mask(input_ids)                              # (B, 1, 1, S)
         else:
             check_mask("mask", mask, (B, self.config.num_heads, S, S), "(B, h, S, S)")
         if S == 0:
@@ -245,10 +250,12 @@ class T5(nn.Module):
         bias = self.encoder_bias(S, S)                                        # (1, h, S, S), every layer
         x = self.dropout(lookup(self.shared, input_ids, "input_ids"))         # (B, S, d)
         with checked():                                                       # checked once, here
-            return self.dropout(self.encoder(x, mask, attn_bias=bias)), mask
+            return self.dropout(self.encoder(x, mask, attn_bias=bias))       # (B, S, d_model)
 
     def decode(self, decoder_input_ids, memory, mask=None, decoder_mask=None, cache=None):
-        """-> logits (B, T, V) for every position of decoder_input_ids, given the encoder's memory.
+        """-> hidden states (B, T, d_model) for every position of decoder_input_ids, before generator.
+        mask: the source mask for cross-attention, (B|1, h|1, T|1, S); None attends to every memory position
+        (pass make_src_mask(input_ids) to mask the source's padding, as forward does).
         cache: new_cache(); decoder_input_ids then holds only the new tokens, after the t cached ones
         (decoder_mask: (B|1, h|1, T|1, t + T))."""
         check_tensor("decoder_input_ids", decoder_input_ids, dim=2, floating=False, shape_text="(B, length)")
@@ -272,15 +279,20 @@ class T5(nn.Module):
         x = self.dropout(lookup(self.shared, decoder_input_ids, "decoder_input_ids"))   # (B, T, d)
         with checked():                                    # checked once, here; the decoder is always causal
             x = self.decoder(x, memory, mask, decoder_mask, cache, attn_bias=bias)
-        x = self.dropout(x) * self.config.d_model ** -0.5                     # T5 v1.0 rescales before ...
-        return x @ self.shared.weight.T                                       # ... the tied output layer
+        return self.dropout(x)                                                # (B, T, d_model)
+
+    def generator(self, hidden):
+        """The output layer, tied to the embedding: hidden (B, T, d_model) -> logits (B, T, V). T5 v1.0 rescales
+        by d_model^-1/2 first."""
+        return hidden * self.config.d_model ** -0.5 @ self.shared.weight.T
 
     def forward(self, input_ids, decoder_input_ids, mask=None, decoder_mask=None):
-        memory, mask = self.encode(input_ids, mask)
+        memory = self.encode(input_ids, mask)                                 # (B, S, d_model); checks both
+        mask = self.make_src_mask(input_ids) if mask is None else mask        # (B, 1, 1, S): the same for decode
         if decoder_input_ids is not None and decoder_input_ids.size(0) != input_ids.size(0):
             raise ValueError(f"decoder_input_ids must have the batch size of input_ids B={input_ids.size(0)}, "
                              f"got {describe(decoder_input_ids)}")
-        return self.decode(decoder_input_ids, memory, mask, decoder_mask)
+        return self.generator(self.decode(decoder_input_ids, memory, mask, decoder_mask))   # (B, T, V)
 
 # %% ../chapters/12_t5_and_vit.ipynb #c020
 def shift_right(labels, start_id: int = 0, pad_id: int = 0):
@@ -365,13 +377,14 @@ def t5_generate(model: T5, input_ids, max_new_tokens: int, mask=None, use_cache:
                          f"{max_new_tokens}")
     check_bool("use_cache", use_cache)
     c = model.config
-    memory, mask = model.encode(input_ids, mask)
+    memory = model.encode(input_ids, mask)                                    # checks input_ids and mask
+    mask = model.make_src_mask(input_ids) if mask is None else mask           # the source's padding
     cache = model.new_cache() if use_cache else None
     out = torch.full((input_ids.size(0), 1), c.pad_id, dtype=torch.long, device=input_ids.device)
     done = torch.zeros(input_ids.size(0), dtype=torch.bool, device=input_ids.device)
     for _ in range(max_new_tokens):
         feed = out[:, -1:] if use_cache else out                              # the newest token, or all
-        next_id = model.decode(feed, memory, mask, cache=cache)[:, -1].argmax(-1)   # (B,)
+        next_id = model.generator(model.decode(feed, memory, mask, cache=cache)[:, -1]).argmax(-1)   # (B,)
         next_id = next_id.masked_fill(done, c.pad_id)
         out = torch.cat([out, next_id[:, None]], dim=1)
         done |= next_id == c.eos_id
