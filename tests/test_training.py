@@ -431,7 +431,7 @@ def test_train_and_evaluate_reject_empty_loaders():
                                           ({"evaluate": 1.0}, "evaluate"), ({"on_step": "print"}, "on_step"),
                                           ({"loss_fn": None}, "loss_fn"), ({"batches": 5}, "batches"),
                                           ({"optimizer": None}, "optimizer"), ({"scheduler": "linear"}, "scheduler"),
-                                          ({"model": "gpt"}, "model")])
+                                          ({"model": "gpt"}, "model"), ({"model": nn.ReLU()}, "model")])
 def test_train_argument_errors(kwargs, name):
     model, loader, loss_fn, opt, sched = _setup()
     args = {"model": model, "loss_fn": _loss_of(loss_fn), "batches": loader, "optimizer": opt, "scheduler": sched,

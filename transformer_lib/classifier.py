@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from .attention import padding_mask
 from .encoder import Encoder
 from .positional import PositionalEncoding, TokenEmbedding
-from .training import decay_groups, inference, train, warmup_linear_scheduler
+from .training import decay_groups, inference, model_device, train, warmup_linear_scheduler
 from .validation import check_bool, check_float, check_int, check_tensor, checked, describe
 
 # %% ../chapters/10_encoder_only.ipynb #c008
@@ -168,15 +168,6 @@ def random_batches(*tensors, batch_size: int = 64, seed: int = 0, pad_id: int = 
             yield (first[:, :max(width, 1)], *(t[rows] for t in tensors[1:]))
 
 
-def _device_of(model) -> torch.device:
-    """The device of model's parameters (a ValueError naming model if it is not a module with parameters)."""
-    if not isinstance(model, nn.Module):
-        raise ValueError(f"model must be an nn.Module, got {describe(model)}")
-    for p in model.parameters():
-        return p.device
-    raise ValueError(f"model must have parameters, got a {type(model).__name__} without any")
-
-
 def fit(model, loss_fn, batches, steps: int, lr: float = 3e-3, warmup_steps: int | None = None,
         weight_decay: float = 0.01, betas=(0.9, 0.999), clip_norm: float | None = None, evaluate=None,
         eval_every: int = 100, progress: bool = True) -> dict:
@@ -184,7 +175,7 @@ def fit(model, loss_fn, batches, steps: int, lr: float = 3e-3, warmup_steps: int
     matrices only, decay_groups) and a learning rate that rises linearly over warmup_steps (default 10 % of
     steps) and falls linearly to 0 at the last step. loss_fn(model, batch) -> scalar loss; batches: e.g.
     random_batches(...). clip_norm, evaluate, eval_every, progress and the history returned: as in train()."""
-    _device_of(model)
+    model_device(model)                              # a module with parameters
     check_int("steps", steps, 2)
     check_float("lr", lr, 0.0, math.inf, low_open=True, high_open=True)
     if not isinstance(betas, (tuple, list)) or len(betas) != 2:
@@ -209,6 +200,6 @@ def predict(model, tokens, batch_size: int = 1024):
     rule: the model is left in the mode it was given). -> (N,) long, on the CPU."""
     check_int("batch_size", batch_size)
     check_tensor("tokens", tokens, dim=2, floating=False, shape_text="(N, S) token ids")
-    device = _device_of(model)
+    device = model_device(model)
     out = [model(tokens[i:i + batch_size].to(device)).argmax(-1).cpu() for i in range(0, len(tokens), batch_size)]
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.long)

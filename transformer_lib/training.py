@@ -2,8 +2,9 @@
 
 # %% auto #0
 __all__ = ['CHECKSUM_KEY', 'LabelSmoothingLoss', 'smoothed_targets', 'noam_lr', 'make_optimizer', 'decay_groups',
-           'noam_scheduler', 'warmup_linear_scheduler', 'TrainingDiverged', 'to_device', 'inference', 'evaluate_loss',
-           'train', 'checkpoint_checksum', 'checkpoint_dict', 'save_checkpoint', 'read_checkpoint', 'load_checkpoint']
+           'noam_scheduler', 'warmup_linear_scheduler', 'TrainingDiverged', 'to_device', 'model_device', 'inference',
+           'evaluate_loss', 'train', 'checkpoint_checksum', 'checkpoint_dict', 'save_checkpoint', 'read_checkpoint',
+           'load_checkpoint']
 
 # %% ../chapters/08_training.ipynb #c004
 import contextlib
@@ -148,6 +149,15 @@ def to_device(batch, device):
     return batch.to(device) if hasattr(batch, "to") else batch
 
 
+def model_device(model) -> torch.device:
+    """The device of model's parameters (a ValueError naming model if it is not a module with parameters)."""
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be an nn.Module, got {describe(model)}")
+    for p in model.parameters():
+        return p.device
+    raise ValueError(f"model must have parameters, got a {type(model).__name__} without any")
+
+
 def _mean_loss(model, loader, loss_fn, device, name: str) -> float:
     total, count, batches = 0.0, 0, 0
     for batch in loader:
@@ -185,7 +195,7 @@ def inference(fn):
 def evaluate_loss(model, loader, loss_fn, device=None) -> float:
     """Mean loss per target token (padding excluded) over every Batch of loader, in eval mode (the model is
     left in the mode it was given). loss_fn(logits, target), e.g. LabelSmoothingLoss."""
-    device = device or next(model.parameters()).device
+    device = device or model_device(model)
     return _mean_loss(model, loader, loss_fn, device, "loader")
 
 
@@ -225,8 +235,6 @@ def train(model, loss_fn, batches, optimizer, scheduler=None, steps: int = 1, *,
     -> history {"loss": [per step], "eval_step": [...], "eval": [...], "seconds": float, "stopped": bool}"""
     from tqdm import tqdm   # imported here: the library itself needs only torch and numpy
 
-    if not isinstance(model, nn.Module):
-        raise ValueError(f"model must be an nn.Module, got {describe(model)}")
     if not callable(loss_fn):
         raise ValueError(f"loss_fn must be a function loss_fn(model, batch) -> loss, got {describe(loss_fn)}")
     for name, fn in (("evaluate", evaluate), ("on_step", on_step)):
@@ -251,7 +259,7 @@ def train(model, loss_fn, batches, optimizer, scheduler=None, steps: int = 1, *,
     except TypeError:
         raise ValueError(f"batches must be an iterable of batches (a DataLoader, a list, an iterator), got "
                          f"{describe(batches)}") from None
-    device = next(model.parameters()).device
+    device = model_device(model)
     params = [p for p in model.parameters() if p.requires_grad]
     amp = contextlib.nullcontext() if autocast is None else torch.autocast(device.type, dtype=autocast)
     history = {"loss": [], "eval_step": [], "eval": [], "seconds": 0.0, "stopped": False}
