@@ -163,10 +163,10 @@ def test_an_id_outside_the_vocabulary_is_still_a_clear_error(family):
             lambda m: m(bad), "tokens"
     elif family == "BERT":
         m, call, name = BertModel(BertConfig(vocab_size=V, max_len=8, d_model=8, num_layers=1, num_heads=2,
-                                             d_ff=16)), lambda m: m(bad), "input_ids"
+                                             d_ff=16)), lambda m: m(bad), "tokens"
     elif family == "T5":
         m, call, name = T5(T5Config(vocab_size=V, d_model=8, num_heads=2, d_ff=16, num_layers=1,
-                                    num_decoder_layers=1)), lambda m: m(bad, torch.tensor([[0]])), "input_ids"
+                                    num_decoder_layers=1)), lambda m: m(bad, torch.tensor([[0]])), "src"
     else:
         m, call, name = Transformer(TransformerConfig(V, V, d_model=8, num_heads=2, d_ff=16, num_encoder_layers=1,
                                                       num_decoder_layers=1)), lambda m: m(bad, bad), "src"

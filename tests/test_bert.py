@@ -90,7 +90,8 @@ def test_bert_equals_hugging_face_with_padding():
     ids, segments = padded_ids(4, 9, seed=2, type_vocab_size=3)
     assert (ids == PAD).any() and len(segments.unique()) == 3
     with torch.no_grad():
-        hidden, pooled = ours(ids, segments)                               # mask=None: masks pad_id = 0
+        hidden = ours(ids, segments)                                       # mask=None: masks pad_id = 0
+        pooled = ours.pool(hidden)
         out = hf(input_ids=ids, attention_mask=(ids != PAD).long(), token_type_ids=segments)
     assert hidden.dtype == DT
     assert max_diff(hidden, out.last_hidden_state) < 1e-10
@@ -109,7 +110,8 @@ def test_bert_equals_hugging_face_without_padding():
     with torch.no_grad():
         out = hf(input_ids=ids, attention_mask=None, token_type_ids=segments)
         for mask in (None, torch.ones(1, 1, 1, S, dtype=torch.bool)):
-            hidden, pooled = ours(ids, segments, mask)
+            hidden = ours(ids, segments, mask)
+            pooled = ours.pool(hidden)
             assert max_diff(hidden, out.last_hidden_state) < 1e-10
             assert max_diff(pooled, out.pooler_output) < 1e-10
 
@@ -250,7 +252,7 @@ def test_padding_row_of_the_token_table_starts_at_zero():
 def test_embeddings_value_errors():
     emb = BertEmbeddings(small_config())
     ids = torch.randint(3, V, (2, 5))
-    with pytest.raises(ValueError, match=r"segment_ids must have the shape of input_ids \(2, 5\)"):
+    with pytest.raises(ValueError, match=r"segment_ids must have the shape of tokens \(2, 5\)"):
         emb(ids, torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="segment_ids"):
         emb(ids, [[0] * 5] * 2)
@@ -258,9 +260,9 @@ def test_embeddings_value_errors():
         emb(ids, torch.full((2, 5), 2))                                 # type_vocab_size = 2
     with pytest.raises(ValueError, match="segment_ids"):
         emb(ids, torch.zeros(2, 5))                                     # float segments
-    with pytest.raises(ValueError, match=r"input_ids has S=21 .*max_len=20"):
+    with pytest.raises(ValueError, match=r"tokens has S=21 .*max_len=20"):
         emb(torch.randint(3, V, (1, 21)))
-    with pytest.raises(ValueError, match="input_ids .*outside"):
+    with pytest.raises(ValueError, match="tokens .*outside"):
         emb(ids + V)
     assert emb(torch.randint(3, V, (1, 20))).shape == (1, 20, 32)     # S = max_len is fine
 
@@ -273,12 +275,14 @@ def test_padding_is_invisible():
     lengths = (ids != PAD).sum(1)
     assert lengths.min() < 9
     with torch.no_grad():
-        hidden, pooled = model(ids, segments)
+        hidden = model(ids, segments)
+        pooled = model.pool(hidden)
         for b, n in enumerate(lengths.tolist()):
-            alone, alone_pooled = model(ids[b:b + 1, :n], segments[b:b + 1, :n])
+            alone = model(ids[b:b + 1, :n], segments[b:b + 1, :n])
+            alone_pooled = model.pool(alone)
             assert max_diff(hidden[b, :n], alone[0]) < ATOL
             assert max_diff(pooled[b], alone_pooled[0]) < ATOL
-        unmasked, _ = model(ids, segments, torch.ones(1, 1, 1, 9, dtype=torch.bool))
+        unmasked = model(ids, segments, torch.ones(1, 1, 1, 9, dtype=torch.bool))
     b = int(lengths.argmin())
     assert max_diff(unmasked[b, :lengths[b]], hidden[b, :lengths[b]]) > 1e-3     # the default mask matters
 
@@ -308,7 +312,8 @@ def test_gradients_reach_every_parameter(kind):
     inputs, segments, labels = mlm_batch(seed=13)
     if kind == "BertModel":
         model = BertModel(cfg)
-        hidden, pooled = model(inputs, segments)
+        hidden = model(inputs, segments)
+        pooled = model.pool(hidden)
         g = torch.Generator().manual_seed(1)                  # random weights: a plain sum after LayerNorm
         loss = (hidden * torch.randn(hidden.shape, generator=g)).sum() + (pooled * torch.randn(pooled.shape, generator=g)).sum()
     elif kind == "BertForMaskedLM":
@@ -395,7 +400,7 @@ def test_mask_tokens_value_errors():
     ids = masking_batch(B=2, S=5)
     with pytest.raises(ValueError, match=r"mask_prob must lie in \[0, 1\]"):
         mask_tokens(ids, MASK, V, mask_prob=1.5)
-    with pytest.raises(ValueError, match="input_ids .*outside"):
+    with pytest.raises(ValueError, match="tokens .*outside"):
         mask_tokens(ids + V, MASK, V)
     with pytest.raises(ValueError, match="no regular token"):
         mask_tokens(torch.zeros(2, 3, dtype=torch.long), 2, 3, special_ids=(0, 1))

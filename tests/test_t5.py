@@ -488,7 +488,7 @@ def test_a_decoder_mask_cannot_undo_the_causal_mask():
     src, tgt = token_ids(2, 6, seed=11), token_ids(2, 5, seed=12)
     with torch.no_grad():
         base = model(src, tgt)
-        assert torch.equal(model(src, tgt, decoder_mask=torch.ones(2, 1, 5, 5, dtype=torch.bool)), base)
+        assert torch.equal(model(src, tgt, tgt_mask=torch.ones(2, 1, 5, 5, dtype=torch.bool)), base)
         with attention_maps(model) as maps:
             model(src, tgt)
     for i in range(len(model.decoder.layers)):
@@ -498,7 +498,7 @@ def test_a_decoder_mask_cannot_undo_the_causal_mask():
     padded = torch.ones(2, 1, 1, 5, dtype=torch.bool)
     padded[1, ..., 3:] = False                                              # a decoder padding mask is applied
     with torch.no_grad():
-        out = model(src, tgt, decoder_mask=padded)
+        out = model(src, tgt, tgt_mask=padded)
     assert max_diff(out[0], base[0]) < ATOL and max_diff(out[1, :3], base[1, :3]) < ATOL
     assert max_diff(out[1, 3:], base[1, 3:]) > 1e-6
 
@@ -516,7 +516,7 @@ def test_extra_padding_in_the_source_changes_nothing():
             longer = torch.cat([src, torch.full((3, extra), PAD)], dim=1)
             assert max_diff(model(longer, tgt), logits) < ATOL, extra
             assert max_diff(model.encode(longer)[:, :8][real], memory[real]) < ATOL, extra
-        attend_all = model(src, tgt, mask=torch.ones(1, 1, 1, 8, dtype=torch.bool))
+        attend_all = model(src, tgt, src_mask=torch.ones(1, 1, 1, 8, dtype=torch.bool))
     assert max_diff(attend_all[0], logits[0]) < ATOL                        # row 0 has no padding
     assert max_diff(attend_all[1:], logits[1:]) > 1e-6                      # the padding mask does matter
 
@@ -605,7 +605,7 @@ def test_t5_generate_is_argmax_decoding_step_by_step():
     assert len(free.unique()) > 2                                           # not a trivial constant sequence
     mask = (src != PAD)[:, None, None, :].clone()
     mask[0, ..., 4:] = False                                                # an explicit mask is used
-    masked = t5_generate(model, src, 10, mask=mask)
+    masked = t5_generate(model, src, 10, src_mask=mask)
     assert torch.equal(masked[1:], free[1:]) and not torch.equal(masked[0], free[0])
 
 
@@ -739,20 +739,20 @@ def test_forward_value_errors():
     src, tgt = token_ids(2, 5, seed=29), token_ids(2, 4, seed=30)
     with pytest.raises(ValueError, match=r"config must be a T5Config"):
         T5({"vocab_size": V})
-    with pytest.raises(ValueError, match=r"input_ids .*outside"):
+    with pytest.raises(ValueError, match=r"src .*outside"):
         model(src + V, tgt)
-    with pytest.raises(ValueError, match=r"decoder_input_ids .*outside"):
+    with pytest.raises(ValueError, match=r"tgt .*outside"):
         model(src, tgt + V)
-    with pytest.raises(ValueError, match=r"\binput_ids\b.*integer"):
+    with pytest.raises(ValueError, match=r"\bsrc\b.*integer"):
         model(src.double(), tgt)
-    with pytest.raises(ValueError, match=r"decoder_input_ids must have the batch size"):
+    with pytest.raises(ValueError, match=r"tgt must have the batch size"):
         model(src, tgt[:1])
-    with pytest.raises(ValueError, match=r"\bdecoder_mask\b.*bool"):
-        model(src, tgt, decoder_mask=torch.ones(2, 1, 4, 4))
-    with pytest.raises(ValueError, match=r"\bdecoder_mask\b.*padding_mask"):
-        model(src, tgt, decoder_mask=tgt != PAD)
-    with pytest.raises(ValueError, match=r"\bmask\b.*bool"):
-        model(src, tgt, mask=torch.ones(2, 1, 1, 5))
+    with pytest.raises(ValueError, match=r"\btgt_mask\b.*bool"):
+        model(src, tgt, tgt_mask=torch.ones(2, 1, 4, 4))
+    with pytest.raises(ValueError, match=r"\btgt_mask\b.*padding_mask"):
+        model(src, tgt, tgt_mask=tgt != PAD)
+    with pytest.raises(ValueError, match=r"\bsrc_mask\b.*bool"):
+        model(src, tgt, src_mask=torch.ones(2, 1, 1, 5))
     with pytest.raises(ValueError, match=r"\bmemory\b"):
         model.decoder.layers[0](torch.zeros(2, 3, 16, dtype=DT))              # a decoder layer needs the memory
     with pytest.raises(ValueError, match=r"\bmax_new_tokens\b"):
@@ -825,9 +825,9 @@ def test_seq2seq_loss_edge_cases():
 
 def test_empty_sequences_name_the_argument():
     model = T5(small_config())
-    with pytest.raises(ValueError, match=r"input_ids must hold at least one position"):
+    with pytest.raises(ValueError, match=r"src must hold at least one position"):
         model(torch.zeros(2, 0, dtype=torch.long), torch.zeros(2, 1, dtype=torch.long))
-    with pytest.raises(ValueError, match=r"decoder_input_ids must hold at least one position"):
+    with pytest.raises(ValueError, match=r"tgt must hold at least one position"):
         model(torch.ones(2, 3, dtype=torch.long), torch.zeros(2, 0, dtype=torch.long))
 
 

@@ -79,20 +79,20 @@ class BertEmbeddings(nn.Module):
         self.norm = LayerNorm(d, eps=config.eps)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, input_ids, segment_ids=None):
-        check_tensor("input_ids", input_ids, dim=2, floating=False, shape_text="(B, length)")
-        B, S = input_ids.shape
+    def forward(self, tokens, segment_ids=None):
+        check_tensor("tokens", tokens, dim=2, floating=False, shape_text="(B, length)")
+        B, S = tokens.shape
         if S > self.config.max_len:
-            raise ValueError(f"input_ids has S={S} positions, more than max_len={self.config.max_len}")
+            raise ValueError(f"tokens has S={S} positions, more than max_len={self.config.max_len}")
         if segment_ids is None:
-            segment_ids = torch.zeros_like(input_ids)                 # every token in segment A
-        elif not isinstance(segment_ids, torch.Tensor) or segment_ids.shape != input_ids.shape:
-            raise ValueError(f"segment_ids must have the shape of input_ids {tuple(input_ids.shape)}, "
+            segment_ids = torch.zeros_like(tokens)                 # every token in segment A
+        elif not isinstance(segment_ids, torch.Tensor) or segment_ids.shape != tokens.shape:
+            raise ValueError(f"segment_ids must have the shape of tokens {tuple(tokens.shape)}, "
                              f"got {describe(segment_ids)}")
         check_tensor("segment_ids", segment_ids, floating=False, shape_text="(B, length)")
-        positions = torch.arange(S, device=input_ids.device)         # 0 .. S-1, learned vectors
-        # lookup = self.token(input_ids), with a clear error for an id outside the table (Chapter 1)
-        x = (lookup(self.token, input_ids, "input_ids") + self.position(positions)
+        positions = torch.arange(S, device=tokens.device)         # 0 .. S-1, learned vectors
+        # lookup = self.token(tokens), with a clear error for an id outside the table (Chapter 1)
+        x = (lookup(self.token, tokens, "tokens") + self.position(positions)
              + lookup(self.segment, segment_ids, "segment_ids"))      # (B, S, d_model)
         return self.dropout(self.norm(x))
 
@@ -112,10 +112,11 @@ class BertModel(nn.Module):
     """BERT's encoder (Devlin et al., 2019): BertEmbeddings, then Chapter 6's Encoder with post-norm layers,
     GELU and no final LayerNorm, then the pooler tanh(W h_[CLS] + b).
 
-    forward(input_ids (B, S), segment_ids (B, S) or None, mask=None)
-        -> (hidden (B, S, d_model), pooled (B, d_model) or None without a pooler).
-    mask: bool (B|1, h|1, S|1, S), True = may attend; None masks the padding (input_ids == config.pad_id).
-    S = 0 is accepted only without a pooler (the pooler reads position 0, [CLS]).
+    forward(tokens (B, S), segment_ids (B, S) or None, mask=None)
+        -> hidden (B, S, d_model), one tensor as every body of the book returns (Transformer.encode, T5.encode);
+    pool(hidden) -> pooled (B, d_model) = tanh(W h_[CLS] + b), Hugging Face's pooler_output.
+    mask: bool (B|1, h|1, S|1, S), True = may attend; None masks the padding (tokens == config.pad_id).
+    pool needs S >= 1 (it reads position 0, [CLS]).
     """
 
     def __init__(self, config: BertConfig, add_pooler: bool = True):
@@ -130,20 +131,27 @@ class BertModel(nn.Module):
         self.apply(init_bert_weights)
 
 
-    def forward(self, input_ids, segment_ids=None, mask=None):
-        x = self.embeddings(input_ids, segment_ids)                   # (B, S, d_model); checks input_ids
-        if self.pooler is not None and x.size(1) == 0:
-            raise ValueError("input_ids has S=0 positions, but the pooler reads position 0 ([CLS]): give every row "
-                             "at least one token, or build BertModel(config, add_pooler=False)")
+    def forward(self, tokens, segment_ids=None, mask=None):
+        x = self.embeddings(tokens, segment_ids)                      # (B, S, d_model); checks tokens
         if mask is None:
-            mask = padding_mask(input_ids, self.config.pad_id)        # (B, 1, 1, S)
+            mask = padding_mask(tokens, self.config.pad_id)           # (B, 1, 1, S)
         elif checks_due():
-            B, S = input_ids.shape
+            B, S = tokens.shape
             check_mask("mask", mask, (B, self.config.num_heads, S, S), "(B, h, S, S)")
         with checked():                                               # checked once, here: not in every layer
             hidden = self.encoder(x, mask)                            # (B, S, d_model)
-        pooled = torch.tanh(self.pooler(hidden[:, 0])) if self.pooler is not None else None   # (B, d_model)
-        return hidden, pooled
+        return hidden
+
+    def pool(self, hidden):
+        """BERT's pooler: hidden (B, S, d_model) -> tanh(W h_[CLS] + b) (B, d_model), from position 0."""
+        if self.pooler is None:
+            raise ValueError("this BertModel was built with add_pooler=False: it has no pooler")
+        d = self.config.d_model
+        check_tensor("hidden", hidden, dim=3, last=d, floating=True, shape_text=f"(B, S, d_model={d})")
+        if hidden.size(1) == 0:
+            raise ValueError("hidden has S=0 positions, but the pooler reads position 0 ([CLS]): give every row "
+                             "at least one token")
+        return torch.tanh(self.pooler(hidden[:, 0]))                  # (B, d_model)
 
 # %% ../chapters/10_encoder_only.ipynb #c035
 class BertForMaskedLM(nn.Module):
@@ -158,15 +166,15 @@ class BertForMaskedLM(nn.Module):
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
         init_bert_weights(self.transform)
 
-    def forward(self, input_ids, segment_ids=None, mask=None):
-        hidden, _ = self.bert(input_ids, segment_ids, mask)                      # (B, S, d_model)
+    def forward(self, tokens, segment_ids=None, mask=None):
+        hidden = self.bert(tokens, segment_ids, mask)                            # (B, S, d_model)
         h = self.norm(ACTIVATIONS["gelu"](self.transform(hidden)))               # (B, S, d_model)
         return h @ self.bert.embeddings.token.weight.T + self.bias               # (B, S, V): tied weights
 
 
 class BertClassifier(nn.Module):
     """BertModel and a linear layer on the pooled [CLS] vector (BERT's fine-tuning recipe for classification).
-    forward(input_ids, segment_ids=None, mask=None) -> logits (B, num_classes)."""
+    forward(tokens, segment_ids=None, mask=None) -> logits (B, num_classes)."""
 
     def __init__(self, config: BertConfig, num_classes: int):
         super().__init__()
@@ -175,8 +183,12 @@ class BertClassifier(nn.Module):
         self.head = nn.Linear(config.d_model, check_int("num_classes", num_classes, 2))
         init_bert_weights(self.head)
 
-    def forward(self, input_ids, segment_ids=None, mask=None):
-        _, pooled = self.bert(input_ids, segment_ids, mask)
+    def forward(self, tokens, segment_ids=None, mask=None):
+        hidden = self.bert(tokens, segment_ids, mask)                            # (B, S, d_model); checks tokens
+        if hidden.size(1) == 0:
+            raise ValueError("tokens has S=0 positions, but the classifier reads position 0 ([CLS]): give every "
+                             "row at least one token")
+        pooled = self.bert.pool(hidden)                                          # (B, d_model)
         return self.head(self.dropout(pooled))                                   # (B, num_classes)
 
 # %% ../chapters/10_encoder_only.ipynb #c037
@@ -243,15 +255,15 @@ def to_hf_bert(model, hf_model):
 IGNORE_INDEX = -100     # label of a position that carries no loss (F.cross_entropy's default ignore_index)
 
 
-def mask_tokens(input_ids, mask_id: int, vocab_size: int, special_ids=(0,), mask_prob: float = 0.15,
+def mask_tokens(tokens, mask_id: int, vocab_size: int, special_ids=(0,), mask_prob: float = 0.15,
                 generator=None):
     """BERT's masking (Devlin et al., 2019, section 3.1): choose each non-special token with probability
     mask_prob; of the chosen, 80 % become mask_id, 10 % a random non-special token, 10 % stay unchanged.
 
-    input_ids (B, S) -> (inputs (B, S), labels (B, S)): labels hold the original id at chosen positions and
+    tokens (B, S) -> (inputs (B, S), labels (B, S)): labels hold the original id at chosen positions and
     IGNORE_INDEX elsewhere, so the loss is computed on the chosen positions only."""
     check_int("vocab_size", vocab_size)
-    check_token_ids("input_ids", input_ids, vocab_size)
+    check_token_ids("tokens", tokens, vocab_size)
     if check_int("mask_id", mask_id, 0) >= vocab_size:
         raise ValueError(f"mask_id must lie in [0, vocab_size) = [0, {vocab_size}), got {mask_id}")
     check_float("mask_prob", mask_prob, 0.0, 1.0)
@@ -265,14 +277,14 @@ def mask_tokens(input_ids, mask_id: int, vocab_size: int, special_ids=(0,), mask
     regular = torch.tensor([i for i in range(vocab_size) if i not in set(special.tolist())])
     if regular.numel() == 0:
         raise ValueError(f"special_ids and mask_id leave no regular token in a vocabulary of {vocab_size}")
-    g, device = generator, input_ids.device
-    u = torch.rand(input_ids.shape, generator=g).to(device)                 # one draw decides each position
-    chosen = (u < mask_prob) & ~torch.isin(input_ids, special.to(device))
-    r = torch.rand(input_ids.shape, generator=g).to(device)                 # 80 / 10 / 10
-    random_tokens = regular[torch.randint(len(regular), input_ids.shape, generator=g)].to(device)
-    inputs = torch.where(chosen & (r < 0.8), torch.full_like(input_ids, mask_id), input_ids)
+    g, device = generator, tokens.device
+    u = torch.rand(tokens.shape, generator=g).to(device)                 # one draw decides each position
+    chosen = (u < mask_prob) & ~torch.isin(tokens, special.to(device))
+    r = torch.rand(tokens.shape, generator=g).to(device)                 # 80 / 10 / 10
+    random_tokens = regular[torch.randint(len(regular), tokens.shape, generator=g)].to(device)
+    inputs = torch.where(chosen & (r < 0.8), torch.full_like(tokens, mask_id), tokens)
     inputs = torch.where(chosen & (r >= 0.8) & (r < 0.9), random_tokens, inputs)
-    labels = torch.where(chosen, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
+    labels = torch.where(chosen, tokens, torch.full_like(tokens, IGNORE_INDEX))
     return inputs, labels
 
 

@@ -56,7 +56,8 @@ def greedy_decode(model, src, src_mask=None, *, bos_id: int, eos_id: int, pad_id
                   alpha: float = 0.6, use_cache: bool = True):
     """Batched greedy decoding: append the most probable token, one position at a time.
 
-    src (B, S) ids, src_mask (B, 1, 1, S) or None. A sequence that has produced EOS gets pad_id from then on;
+    src (B, S) ids, src_mask (B|1, h|1, 1, S); None masks the source's padding (model.make_src_mask(src)), as
+    the model's forward does. A sequence that has produced EOS gets pad_id from then on;
     the loop ends when all have finished or after max_new_tokens tokens (default S + 50, as in the paper).
     use_cache=False recomputes the whole prefix at every step (slow; kept to test the cache against).
 
@@ -68,6 +69,7 @@ def greedy_decode(model, src, src_mask=None, *, bos_id: int, eos_id: int, pad_id
     if B == 0:
         return _no_output(device)
     memory = model.encode(src, src_mask)                                 # (B, S, d_model), computed once
+    src_mask = model.make_src_mask(src) if src_mask is None else src_mask   # also for the cross-attention
     cache = KVCache(model, memory, src_mask) if use_cache else None      # (checks src_mask and the mode)
     ys = torch.full((B, 1), bos_id, dtype=torch.long, device=device)    # (B, 1 + t): BOS, then the output
     done = torch.zeros(B, dtype=torch.bool, device=device)
@@ -98,14 +100,16 @@ class KVCache:
     Each layer's MultiHeadAttention appends that token's keys and values to its self-attention cache and
     attends over all cached positions; the cross-attention projects the memory to keys and values once, on the
     first step, and reuses them. So it is Transformer.decode itself, one position at a time, not a copy of it.
-    memory (B, S, d_model) from model.encode; src_mask bool (B|1, 1, 1, S) or None. Needs model.eval()."""
+    memory (B, S, d_model) from model.encode; src_mask bool (B|1, 1, 1, S) or None (every memory position).
+    Needs model.eval(). model: any encoder-decoder with this API (encode, decode(..., cache=), generator,
+    decoder.new_cache(), config.tgt_vocab_size): the Transformer, and Chapter 12's T5."""
 
     def __init__(self, model, memory, src_mask=None):
         if model.training:
             raise ValueError("model is in training mode (dropout would be applied): call model.eval() before decoding")
         d_model = model.config.d_model
         check_tensor("memory", memory, dim=3, last=d_model, floating=True, shape_text=f"(B, S, d_model={d_model})")
-        check_same_dtype("the model", model.generator.weight, memory=memory)
+        check_same_dtype("the model", next(model.decoder.parameters()), memory=memory)
         B, S = memory.shape[:2]
         if src_mask is not None:
             check_mask("src_mask", src_mask, (B, model.config.num_heads, 1, S), "(B, h, 1, S) (one new token's)")
@@ -197,7 +201,8 @@ def beam_search(model, src, src_mask=None, *, bos_id: int, eos_id: int, pad_id: 
     if B == 0:
         return _no_output(device)
     memory = model.encode(src, src_mask).repeat_interleave(k, dim=0)        # (B*k, S, d_model)
-    if src_mask is not None and src_mask.size(0) > 1:
+    src_mask = model.make_src_mask(src) if src_mask is None else src_mask  # the source's padding by default
+    if src_mask.size(0) > 1:
         src_mask = src_mask.repeat_interleave(k, dim=0)                    # (B*k, 1, 1, S); (1, ...) broadcasts
     cache = KVCache(model, memory, src_mask)
     scores = torch.full((B, k), -math.inf, dtype=torch.float64, device=device)   # log P of each open hypothesis

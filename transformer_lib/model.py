@@ -70,9 +70,10 @@ class Transformer(nn.Module):
     """The encoder-decoder Transformer of Vaswani et al. (2017), Figure 1.
 
     forward(src (B, S) ids, tgt (B, T) ids, src_mask (B|1, 1, 1, S), tgt_mask (B|1, 1, 1|T, T))
-    -> logits (B, T, tgt_vocab_size), no softmax. Masks are bool, True = may attend; None = no mask. The
-    decoder is always causal: tgt_mask (e.g. target padding) can only remove keys.
-    make_src_mask / make_tgt_mask build the usual masks from config.pad_id.
+    -> logits (B, T, tgt_vocab_size), no softmax. Masks are bool, True = may attend. src_mask=None masks the
+    source's padding (make_src_mask(src): the keys where src == config.pad_id), as in every model of the book;
+    tgt_mask=None adds nothing to the causal mask, which the decoder always applies (tgt_mask can only remove
+    keys). make_src_mask / make_tgt_mask build the usual masks from config.pad_id.
     """
 
     def __init__(self, config: TransformerConfig):
@@ -113,9 +114,11 @@ class Transformer(nn.Module):
         return padding_mask(tgt, self.config.pad_id) & causal_mask(tgt.size(1), device=tgt.device)
 
     def encode(self, src, src_mask=None):
-        """src (B, S) token ids -> memory (B, S, d_model)."""
+        """src (B, S) token ids -> memory (B, S, d_model). src_mask=None masks the padding (make_src_mask)."""
         x = self.src_embed(src, name="src")                     # checks src: (B, S) ids in the vocabulary
-        if checks_due() and src_mask is not None:              # the door: the layers inside check nothing
+        if src_mask is None:
+            src_mask = self.make_src_mask(src)                  # (B, 1, 1, S): the padding is never attended to
+        elif checks_due():                                      # the door: the layers inside check nothing
             B, S, h = *src.shape, self.config.num_heads         # the rank of the encoder's scores (B, h, S, S)
             check_mask("src_mask", src_mask, (B, h, S, S), "(B, h, S, S)")
         with checked():
@@ -124,6 +127,8 @@ class Transformer(nn.Module):
 
     def decode(self, tgt, memory, src_mask=None, tgt_mask=None, cache=None):
         """tgt (B, T) token ids, memory (B, S, d_model) -> hidden states (B, T, d_model), before the generator.
+        src_mask=None: every memory position is attended to (decode does not see the source's tokens: pass
+        make_src_mask(src), as forward and the decoders of Chapter 8 do).
         cache: decoder.new_cache() for incremental decoding; tgt then holds only the new tokens, and the
         positional encodings start after the t cached positions (tgt_mask: (B|1, 1, 1|T, t + T))."""
         t = self.decoder.cache_length(cache)
@@ -146,7 +151,9 @@ class Transformer(nn.Module):
             return self.decoder(x, memory, src_mask, tgt_mask, cache)       # (B, T, d_model)
 
     def forward(self, src, tgt, src_mask=None, tgt_mask=None):
-        memory = self.encode(src, src_mask)                                 # (B, S, d_model)
+        memory = self.encode(src, src_mask)                                 # (B, S, d_model); checks src
+        if src_mask is None:
+            src_mask = self.make_src_mask(src)                              # the same mask for cross-attention
         if isinstance(tgt, torch.Tensor) and tgt.dim() == 2 and tgt.size(0) != src.size(0):
             raise ValueError(f"src and tgt must have the same batch size, got src {describe(src)} "
                              f"and tgt {describe(tgt)}")

@@ -14,11 +14,11 @@ import torch.nn as nn
 from .attention import padding_mask
 from .bert import IGNORE_INDEX
 from .decoder import Decoder
+from .decoding import greedy_decode
 from .encoder import Encoder
 from .feed_forward import PositionwiseFeedForward
 from .hf import hf_state_dict, load_by_names, save_by_names
 from .multi_head import MultiHeadAttention
-from .training import inference
 from .validation import (check_attn_bias, check_bool, check_float, check_int, check_mask,
                                         check_probability, check_same_dtype, check_tensor, checked, checks_due, describe,
                                         lookup)
@@ -125,6 +125,9 @@ class T5Attention(MultiHeadAttention):
         return super().forward(query, key, value, mask, need_weights, attn_bias=position_bias)
 
 # %% ../chapters/12_t5_and_vit.ipynb #c017
+T5_MAX_NEW_TOKENS = 512      # T5's pre-training length: the most tokens decoding makes
+
+
 @dataclasses.dataclass
 class T5Config:
     """The sizes of a T5 model (Raffel et al., 2020). Defaults: T5-small (60M parameters with V = 32,128).
@@ -159,10 +162,21 @@ class T5Config:
                 raise ValueError(f"{name} must lie in [0, vocab_size) = [0, {self.vocab_size}), got {getattr(self, name)}")
         if self.pad_id == self.eos_id:
             raise ValueError(f"pad_id and eos_id must differ, got both {self.pad_id}: the default mask "
-                             f"(input_ids != pad_id) would hide every end-of-sequence token, and t5_generate "
+                             f"(src != pad_id) would hide every end-of-sequence token, and t5_generate "
                              f"could not tell a finished row from a running one")
         if self.d_model % self.num_heads:
             raise ValueError(f"d_model={self.d_model} must be divisible by num_heads={self.num_heads}")
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        """The decoder's vocabulary, the shared one: Chapter 8's decoders read config.tgt_vocab_size."""
+        return self.vocab_size
+
+    @property
+    def max_len(self) -> int:
+        """The most tokens Chapter 8's decoders make: T5_MAX_NEW_TOKENS (relative positions have no table to
+        run out of; T5 was pre-trained on 512 positions)."""
+        return T5_MAX_NEW_TOKENS
 
     @classmethod
     def from_hf(cls, hf_config) -> "T5Config":
@@ -207,9 +221,9 @@ class T5(nn.Module):
     as T5's: pre-norm, RMSNorm (also as each stack's final norm), no biases, scale 1, ReLU. The output layer is
     tied to the embedding and applied to the decoder's output times d^-1/2.
 
-    forward(input_ids (B, S), decoder_input_ids (B, T), mask=None, decoder_mask=None) -> logits (B, T, V).
-    mask: bool (B|1, h|1, 1, S), True = may attend; None masks the padding (make_src_mask(input_ids)).
-    decoder_mask: bool (B|1, h|1, T|1, T), combined with the causal mask (which is always applied).
+    forward(src (B, S), tgt (B, T), src_mask=None, tgt_mask=None) -> logits (B, T, V).
+    src_mask: bool (B|1, h|1, 1, S), True = may attend; None masks the padding (make_src_mask(src)).
+    tgt_mask: bool (B|1, h|1, T|1, T), combined with the causal mask (which is always applied).
     As Chapter 7's Transformer: encode -> memory, decode -> hidden states, generator(hidden) -> logits;
     decode(..., cache=model.new_cache()) feeds only the new tokens (incremental decoding, Chapter 8)."""
 
@@ -233,52 +247,52 @@ class T5(nn.Module):
         cross-attention one."""
         return self.decoder.new_cache()
 
-    def make_src_mask(self, input_ids):
-        """(B, 1, 1, S) bool: True where input_ids is a real token (not config.pad_id), as Transformer's."""
-        return padding_mask(input_ids, self.config.pad_id)
+    def make_src_mask(self, src):
+        """(B, 1, 1, S) bool: True where src is a real token (not config.pad_id), as Transformer's."""
+        return padding_mask(src, self.config.pad_id)
 
-    def encode(self, input_ids, mask=None):
-        """-> memory (B, S, d_model). mask: (B|1, h|1, S|1, S); None masks the padding (make_src_mask)."""
-        check_tensor("input_ids", input_ids, dim=2, floating=False, shape_text="(B, length)")  # ids: lookup
-        B, S = input_ids.shape
-        if mask is None:
-            mask = self.make_src_mask(input_ids)                              # (B, 1, 1, S)
+    def encode(self, src, src_mask=None):
+        """-> memory (B, S, d_model). src_mask: (B|1, h|1, S|1, S); None masks the padding (make_src_mask)."""
+        check_tensor("src", src, dim=2, floating=False, shape_text="(B, length)")   # ids: by the lookup
+        B, S = src.shape
+        if src_mask is None:
+            src_mask = self.make_src_mask(src)                                # (B, 1, 1, S)
         else:
-            check_mask("mask", mask, (B, self.config.num_heads, S, S), "(B, h, S, S)")
+            check_mask("src_mask", src_mask, (B, self.config.num_heads, S, S), "(B, h, S, S)")
         if S == 0:
-            raise ValueError(f"input_ids must hold at least one position, got shape {tuple(input_ids.shape)}")
+            raise ValueError(f"src must hold at least one position, got shape {tuple(src.shape)}")
         bias = self.encoder_bias(S, S)                                        # (1, h, S, S), every layer
-        x = self.dropout(lookup(self.shared, input_ids, "input_ids"))         # (B, S, d)
+        x = self.dropout(lookup(self.shared, src, "src"))                     # (B, S, d)
         with checked():                                                       # checked once, here
-            return self.dropout(self.encoder(x, mask, attn_bias=bias))       # (B, S, d_model)
+            return self.dropout(self.encoder(x, src_mask, attn_bias=bias))   # (B, S, d_model)
 
-    def decode(self, decoder_input_ids, memory, mask=None, decoder_mask=None, cache=None):
-        """-> hidden states (B, T, d_model) for every position of decoder_input_ids, before generator.
-        mask: the source mask for cross-attention, (B|1, h|1, T|1, S); None attends to every memory position
-        (pass make_src_mask(input_ids) to mask the source's padding, as forward does).
-        cache: new_cache(); decoder_input_ids then holds only the new tokens, after the t cached ones
-        (decoder_mask: (B|1, h|1, T|1, t + T))."""
-        check_tensor("decoder_input_ids", decoder_input_ids, dim=2, floating=False, shape_text="(B, length)")
+    def decode(self, tgt, memory, src_mask=None, tgt_mask=None, cache=None):
+        """-> hidden states (B, T, d_model) for every position of tgt, before generator.
+        src_mask: the source mask for cross-attention, (B|1, h|1, T|1, S); None attends to every memory position
+        (decode does not see the source's tokens: pass make_src_mask(src), as forward and Chapter 8's decoders do).
+        cache: new_cache(); tgt then holds only the new tokens, after the t cached ones
+        (tgt_mask: (B|1, h|1, T|1, t + T))."""
         t = self.decoder.cache_length(cache)                                  # 0 without a cache
-        B, T = decoder_input_ids.shape
-        if T == 0:
-            raise ValueError(f"decoder_input_ids must hold at least one position (the start token), got shape "
-                             f"{tuple(decoder_input_ids.shape)}")
-        d = self.config.d_model
-        check_tensor("memory", memory, dim=3, last=d, floating=True, shape_text=f"(B={B}, S, d_model={d})")
-        if memory.size(0) != B:
-            raise ValueError(f"memory must have the batch size of decoder_input_ids B={B}, got {describe(memory)}")
-        check_same_dtype("the model", self.shared.weight, memory=memory)
-        if mask is not None:
-            check_mask("mask", mask, (B, self.config.num_heads, T, memory.size(1)), "(B, h, T|1, S)")
-        if decoder_mask is not None:
-            check_mask("decoder_mask", decoder_mask, (B, self.config.num_heads, T, t + T), "(B, h, T, t + T)")
-        if t and cache[0][0].k.size(0) != B:
-            raise ValueError(f"cache holds {cache[0][0].k.size(0)} batch rows but decoder_input_ids has B={B}")
+        if checks_due():                              # the door (Chapter 8's decoders check once, not per token)
+            check_tensor("tgt", tgt, dim=2, floating=False, shape_text="(B, length)")
+            (B, T), d = tgt.shape, self.config.d_model
+            if T == 0:
+                raise ValueError(f"tgt must hold at least one position (the start token), got shape {(B, T)}")
+            check_tensor("memory", memory, dim=3, last=d, floating=True, shape_text=f"(B={B}, S, d_model={d})")
+            if memory.size(0) != B:
+                raise ValueError(f"memory must have the batch size of tgt B={B}, got {describe(memory)}")
+            check_same_dtype("the model", self.shared.weight, memory=memory)
+            if src_mask is not None:
+                check_mask("src_mask", src_mask, (B, self.config.num_heads, T, memory.size(1)), "(B, h, T|1, S)")
+            if tgt_mask is not None:
+                check_mask("tgt_mask", tgt_mask, (B, self.config.num_heads, T, t + T), "(B, h, T, t + T)")
+            if t and cache[0][0].k.size(0) != B:
+                raise ValueError(f"cache holds {cache[0][0].k.size(0)} batch rows but tgt has B={B}")
+        T = tgt.size(1)
         bias = self.decoder_bias(T, t + T, offset=t)                          # (1, h, T, t + T)
-        x = self.dropout(lookup(self.shared, decoder_input_ids, "decoder_input_ids"))   # (B, T, d)
+        x = self.dropout(lookup(self.shared, tgt, "tgt"))                     # (B, T, d)
         with checked():                                    # checked once, here; the decoder is always causal
-            x = self.decoder(x, memory, mask, decoder_mask, cache, attn_bias=bias)
+            x = self.decoder(x, memory, src_mask, tgt_mask, cache, attn_bias=bias)
         return self.dropout(x)                                                # (B, T, d_model)
 
     def generator(self, hidden):
@@ -286,13 +300,12 @@ class T5(nn.Module):
         by d_model^-1/2 first."""
         return hidden * self.config.d_model ** -0.5 @ self.shared.weight.T
 
-    def forward(self, input_ids, decoder_input_ids, mask=None, decoder_mask=None):
-        memory = self.encode(input_ids, mask)                                 # (B, S, d_model); checks both
-        mask = self.make_src_mask(input_ids) if mask is None else mask        # (B, 1, 1, S): the same for decode
-        if decoder_input_ids is not None and decoder_input_ids.size(0) != input_ids.size(0):
-            raise ValueError(f"decoder_input_ids must have the batch size of input_ids B={input_ids.size(0)}, "
-                             f"got {describe(decoder_input_ids)}")
-        return self.generator(self.decode(decoder_input_ids, memory, mask, decoder_mask))   # (B, T, V)
+    def forward(self, src, tgt, src_mask=None, tgt_mask=None):
+        memory = self.encode(src, src_mask)                                   # (B, S, d_model); checks both
+        src_mask = self.make_src_mask(src) if src_mask is None else src_mask  # (B, 1, 1, S): the same for decode
+        if tgt is not None and tgt.size(0) != src.size(0):
+            raise ValueError(f"tgt must have the batch size of src B={src.size(0)}, got {describe(tgt)}")
+        return self.generator(self.decode(tgt, memory, src_mask, tgt_mask))   # (B, T, V)
 
 # %% ../chapters/12_t5_and_vit.ipynb #c020
 def shift_right(labels, start_id: int = 0, pad_id: int = 0):
@@ -356,38 +369,23 @@ def to_hf_t5(model: T5, hf_model):
     return save_by_names(model, hf_model, names, _T5_HINT, _T5_IGNORE)
 
 # %% ../chapters/12_t5_and_vit.ipynb #c028
-T5_MAX_NEW_TOKENS = 512      # T5's pre-training length
-
-
-@inference
-def t5_generate(model: T5, input_ids, max_new_tokens: int, mask=None, use_cache: bool = True):
-    """Greedy decoding: the decoder starts from pad_id (T5's start token) and appends its most probable token
-    until every row has produced eos_id or max_new_tokens were made. -> (B, ≤ max_new_tokens) ids without the
-    start token; positions after a row's eos_id hold pad_id.
+def t5_generate(model: T5, src, max_new_tokens: int, src_mask=None, use_cache: bool = True):
+    """Greedy decoding with T5's conventions: Chapter 8's greedy_decode, started from pad_id (T5's start token)
+    and stopped at eos_id. -> (B, ≤ max_new_tokens) ids without the start token; positions after a row's eos_id
+    hold pad_id. T5 has the Transformer's encode / decode / generator API, so nothing here is T5's own: Chapter
+    8's KVCache feeds only the newest token at each step (the keys and values of the earlier positions cached,
+    the memory projected once), and beam_search(model, src, bos_id=pad_id, eos_id=eos_id, pad_id=pad_id) works
+    as it does for the Transformer.
 
     max_new_tokens: an int in [1, T5_MAX_NEW_TOKENS = 512] (T5 was pre-trained on 512 positions).
-    use_cache=True feeds only the newest token at each step, with Chapter 7's decoder cache (the keys and values of
-    the earlier positions, the memory's projected once); False re-runs the decoder on the whole prefix (same tokens,
-    O(n²) work; kept to test the cache against). Chapter 8's inference rule: the model runs in eval mode (no
-    dropout) and the caller's train/eval mode is restored afterwards, also when an error is raised."""
+    use_cache=False re-runs the decoder on the whole prefix (same tokens, O(n²) work; kept to test the cache
+    against). Chapter 8's inference rule: eval mode, and the caller's mode restored afterwards."""
     if not isinstance(model, T5):
         raise ValueError(f"model must be a T5, got {describe(model)}")
     if check_int("max_new_tokens", max_new_tokens) > T5_MAX_NEW_TOKENS:
         raise ValueError(f"max_new_tokens must be at most T5_MAX_NEW_TOKENS = {T5_MAX_NEW_TOKENS}, got "
                          f"{max_new_tokens}")
-    check_bool("use_cache", use_cache)
     c = model.config
-    memory = model.encode(input_ids, mask)                                    # checks input_ids and mask
-    mask = model.make_src_mask(input_ids) if mask is None else mask           # the source's padding
-    cache = model.new_cache() if use_cache else None
-    out = torch.full((input_ids.size(0), 1), c.pad_id, dtype=torch.long, device=input_ids.device)
-    done = torch.zeros(input_ids.size(0), dtype=torch.bool, device=input_ids.device)
-    for _ in range(max_new_tokens):
-        feed = out[:, -1:] if use_cache else out                              # the newest token, or all
-        next_id = model.generator(model.decode(feed, memory, mask, cache=cache)[:, -1]).argmax(-1)   # (B,)
-        next_id = next_id.masked_fill(done, c.pad_id)
-        out = torch.cat([out, next_id[:, None]], dim=1)
-        done |= next_id == c.eos_id
-        if done.all():                                                        # the one device read per step
-            break
-    return out[:, 1:]
+    tokens, _ = greedy_decode(model, src, src_mask, bos_id=c.pad_id, eos_id=c.eos_id, pad_id=c.pad_id,
+                              max_new_tokens=max_new_tokens, use_cache=use_cache)
+    return tokens
