@@ -8,7 +8,9 @@ import torch
 import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
+import transformer_lib.multi_head as mh
 from transformer_lib.attention import causal_mask, padding_mask
+from transformer_lib.decoder import DecoderLayer
 from transformer_lib.exercises.multi_head import check_split_merge
 from transformer_lib.multi_head import AttentionCache, MultiHeadAttention, copy_to_torch_mha, torch_attn_mask
 
@@ -454,3 +456,68 @@ def test_checker_accepts_correct_and_module_methods(capsys):
 def test_checker_diagnoses_bugs(split, merge, match):
     with pytest.raises(AssertionError, match=match):
         check_split_merge(split, merge)
+
+
+# --- is_causal: the causal mask as a flag (issue 23), handed to PyTorch's fused kernel where it applies
+
+def _causal_cases():
+    torch.manual_seed(3)
+    mha = MultiHeadAttention(16, 4, dropout=0.0).double().eval()
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    pad = torch.ones(2, 1, 1, 6, dtype=torch.bool)
+    pad[1, ..., 4:] = False
+    return mha, x, pad
+
+
+def test_is_causal_equals_the_explicit_causal_mask():
+    mha, x, pad = _causal_cases()
+    causal = causal_mask(6)[None, None]
+    with torch.no_grad():
+        assert torch.equal(mha(x, x, x, is_causal=True)[0], mha(x, x, x, causal)[0])              # fused flag
+        assert torch.equal(mha(x, x, x, pad, is_causal=True)[0], mha(x, x, x, pad & causal)[0])  # AND-ed
+        out, weights = mha(x, x, x, need_weights=True, is_causal=True)                           # Chapter 1's path
+        assert torch.equal(weights.triu(1), torch.zeros_like(weights)) and torch.allclose(out, mha(x, x, x, causal)[0])
+        cache = AttentionCache()                                   # cached positions: n_q != n_k, offset n_k - n_q
+        mha(x[:, :4], x[:, :4], x[:, :4], cache=cache, is_causal=True)
+        step = mha(x[:, 4:], x[:, 4:], x[:, 4:], cache=cache, is_causal=True)[0]
+        assert torch.allclose(step, mha(x, x, x, causal)[0][:, 4:], atol=1e-12)
+
+
+def test_is_causal_reaches_pytorchs_kernel_as_a_flag(monkeypatch):
+    """Without a mask, bias or cache the fused kernel gets is_causal=True and no mask tensor (flash on a GPU);
+    with a padding mask it gets one combined mask tensor."""
+    import transformer_lib.multi_head as mh
+    mha, x, pad = _causal_cases()
+    calls = []
+    real = mh.F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append((kwargs.get("attn_mask"), kwargs.get("is_causal")))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(mh.F, "scaled_dot_product_attention", spy)
+    with torch.no_grad():
+        mha(x, x, x, is_causal=True)
+        mha(x, x, x, pad, is_causal=True)
+    assert calls[0] == (None, True)
+    assert calls[1][1] is False and torch.equal(calls[1][0], pad & causal_mask(6)[None, None])
+
+
+def test_the_decoder_passes_its_causal_mask_as_a_flag(monkeypatch):
+    torch.manual_seed(4)
+    layer = DecoderLayer(16, 4, 32, dropout=0.0, cross_attention=False).double().eval()
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    with torch.no_grad():
+        expected = layer(x, tgt_mask=torch.ones(1, 1, 1, 5, dtype=torch.bool))   # a mask tensor: the old path
+    flags = []
+    real = mh.F.scaled_dot_product_attention
+    monkeypatch.setattr(mh.F, "scaled_dot_product_attention",
+                        lambda *a, **k: flags.append(k.get("is_causal")) or real(*a, **k))
+    with torch.no_grad():
+        assert torch.equal(layer(x), expected)
+    assert flags == [True]
+
+
+def test_is_causal_must_be_a_bool():
+    mha, x, _ = _causal_cases()
+    with pytest.raises(ValueError, match="is_causal"):
+        mha(x, x, x, is_causal="yes")

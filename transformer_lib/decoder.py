@@ -10,7 +10,6 @@ from .encoder import to_torch_layer, to_torch_stack
 from .feed_forward import PositionwiseFeedForward
 from .multi_head import AttentionCache, MultiHeadAttention
 from .residual import LayerNorm, SublayerConnection
-from .attention import causal_mask
 from .validation import (check_attn_bias, check_bool, check_int, check_mask, check_same_dtype,
                                         check_tensor, checked, checks_due, describe)
 
@@ -57,13 +56,10 @@ class DecoderLayer(nn.Module):
             with checked():
                 return self.forward(x, memory, src_mask, tgt_mask, cache, attn_bias)
         self_cache, cross_cache = (None, None) if cache is None else cache
-        t, T = len(self_cache or ()), x.size(1)                   # t positions cached before these T
-        mask = causal_mask(T, t + T, device=x.device)[None, None]  # (1, 1, T, t + T): causal, always
-        if tgt_mask is not None:
-            mask = mask & tgt_mask                                # (B|1, h|1, T, t + T): may only remove keys
 
-        def self_attention(y):                                    # Q, K, V from the target; future masked
-            return self.self_attn(y, y, y, mask, cache=self_cache, attn_bias=attn_bias)[0]
+        def self_attention(y):       # Q, K, V from the target; the future masked, always: causal_mask(T, t + T)
+            return self.self_attn(y, y, y, tgt_mask, cache=self_cache, attn_bias=attn_bias,   # tgt_mask can only
+                                  is_causal=True)[0]                                         # remove keys
 
         def cross_attention(y):                                   # Q from the target; K, V from the source
             return self.cross_attn(y, memory, memory, src_mask, cache=cross_cache)[0]

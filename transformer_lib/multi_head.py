@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import scaled_dot_product_attention
+from .attention import causal_mask, scaled_dot_product_attention
 from .validation import (check_attn_bias, check_bool, check_float, check_int, check_mask,
                                         check_probability, check_rows, check_same_dtype, check_tensor, checked,
                                         checks_due)
@@ -55,15 +55,20 @@ class MultiHeadAttention(nn.Module):
         B, h, n, d_k = x.shape
         return x.transpose(1, 2).reshape(B, n, h * d_k)     # = Concat(head_1, ..., head_h)
 
-    def forward(self, query, key, value, mask=None, need_weights=False, cache=None, attn_bias=None):
+    def forward(self, query, key, value, mask=None, need_weights=False, cache=None, attn_bias=None,
+                is_causal=False):
         """query (B, n_q, d_model), key and value (B, n_k, d_model), in the dtype of the weights.
         mask: bool, True = may attend, with the rank of the scores: (B|1, h|1, n_q|1, n_k).
         cache: an AttentionCache for incremental decoding (section 2.9); n_k then counts the cached positions.
             Once a static cache holds the memory's keys and values, key and value are not read (may be None).
         attn_bias: optional float (B|1, h|1, n_q|1, n_k) added to the scaled scores (T5's position bias).
+        is_causal: also apply causal_mask(n_q, n_k) (the queries are the last n_q of the n_k positions), AND-ed with
+            mask. Without a mask, a bias or cached positions, PyTorch's fused kernel gets is_causal=True instead of
+            a mask tensor (on a GPU that admits the flash kernels; on the CPU the result is bitwise the same).
         Returns (output (B, n_q, d_model), weights (B, h, n_q, n_k) if need_weights else None)."""
         if checks_due():
             reuse = self._check_inputs(query, key, value, mask, need_weights, cache, attn_bias)
+            check_bool("is_causal", is_causal)
         else:
             reuse = cache is not None and cache.static and cache.k is not None
         Q = self.split_heads(self.W_q(query))               # (B, h, n_q, d_k)
@@ -77,6 +82,10 @@ class MultiHeadAttention(nn.Module):
                     K, V = torch.cat([cache.k, K], dim=2), torch.cat([cache.v, V], dim=2)
                 cache.k, cache.v = K, V
         record = _recording(self) if _RECORDERS.get() else ()     # inside attention_maps(...) (below)?
+        n_q, n_k = Q.size(2), K.size(2)
+        if is_causal and (need_weights or record or mask is not None or attn_bias is not None or n_q != n_k):
+            causal = causal_mask(n_q, n_k, device=Q.device)[None, None]          # (1, 1, n_q, n_k)
+            mask, is_causal = (causal if mask is None else mask & causal), False   # a tensor after all
         if need_weights or record:   # Chapter 1's function: returns every head's weights
             with checked():
                 out, weights = scaled_dot_product_attention(Q, K, V, mask, self.dropout, scale=self.scale,
@@ -88,7 +97,8 @@ class MultiHeadAttention(nn.Module):
             p = self.dropout.p if self.training else 0.0
             if attn_bias is not None:                       # one additive mask: the bias, -inf where blocked
                 mask = attn_bias if mask is None else attn_bias.masked_fill(~mask, float("-inf"))
-            out = F.scaled_dot_product_attention(Q, K, V, attn_mask=mask, dropout_p=p, scale=self.scale)
+            out = F.scaled_dot_product_attention(Q, K, V, attn_mask=mask, dropout_p=p, scale=self.scale,
+                                                 is_causal=is_causal)
             weights = None
         return self.W_o(self.merge_heads(out)), weights     # (B, n_q, d_model), (B, h, n_q, n_k) or None
 
