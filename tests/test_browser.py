@@ -68,6 +68,21 @@ def browser():
         b.close()
 
 
+@pytest.fixture(scope="module")
+def chapter_pages(browser):
+    """Each chapter page opened once, at a 1,400-px window, for every check below (loading a page and waiting for
+    MathJax is most of this file's time): chapter -> (page, failed local requests, network requests)."""
+    pages = {}
+
+    def get(chapter):
+        if chapter not in pages:
+            pages[chapter] = open_page(browser, f"{chapter}.html", viewport={"width": 1400, "height": 900})
+        return pages[chapter]
+    yield get
+    for page, _, _ in pages.values():
+        page.close()
+
+
 def open_page(browser, rel, viewport=None):
     page = browser.new_page(viewport=viewport)
     failed, remote = [], []
@@ -81,74 +96,59 @@ def open_page(browser, rel, viewport=None):
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.split("/")[-1])
-def test_chapter_page_renders_offline(browser, chapter):
-    page, failed, remote = open_page(browser, f"{chapter}.html")
-    try:
-        assert page.evaluate("() => document.querySelectorAll('article').length") > 0
-        # math: typeset by the MathJax copied into the book, none left as raw TeX
-        scripts = page.evaluate("() => [...document.scripts].map(s => s.src).filter(s => /mathjax/i.test(s))")
-        assert scripts and all(s.startswith("file:") and "/_static/mathjax/" in s for s in scripts), scripts
-        assert page.evaluate("() => document.querySelectorAll('mjx-container').length") > 0, "no typeset math"
-        raw = page.evaluate("""() => [...document.querySelectorAll('span.math, div.math')]
-            .filter(e => !e.querySelector('mjx-container')).map(e => e.textContent.slice(0, 80))""")
-        assert raw == [], f"math left as raw TeX: {raw[:5]}"
-        # every figure decodes
-        images = page.evaluate("""() => [...document.querySelectorAll('article img')]
-            .map(i => ({src: i.currentSrc || i.src, ok: i.complete && i.naturalWidth > 0}))""")
-        broken = [i["src"] for i in images if not i["ok"]]
-        assert not broken, f"images that do not decode: {broken}"
-        assert failed == [], f"local requests that failed: {failed}"
-        assert remote == [], f"the page fetched from the network: {remote}"
-        # the Colab button
-        owner_repo = re.fullmatch(r"https://github\.com/(.+)", CONFIG["repository"]["url"].rstrip("/")).group(1)
-        links = page.evaluate("() => [...document.querySelectorAll('a')].map(a => a.href)"
-                              ".filter(h => h.includes('colab.research.google.com'))")
-        expected = (f"https://colab.research.google.com/github/{owner_repo}/blob/"
-                    f"{CONFIG['repository']['branch']}/{chapter}.ipynb")
-        assert expected in links, f"Colab link {links} != {expected}"
-    finally:
-        page.close()
+def test_chapter_page_renders_offline(chapter_pages, chapter):
+    page, failed, remote = chapter_pages(chapter)
+    assert page.evaluate("() => document.querySelectorAll('article').length") > 0
+    # math: typeset by the MathJax copied into the book, none left as raw TeX
+    scripts = page.evaluate("() => [...document.scripts].map(s => s.src).filter(s => /mathjax/i.test(s))")
+    assert scripts and all(s.startswith("file:") and "/_static/mathjax/" in s for s in scripts), scripts
+    assert page.evaluate("() => document.querySelectorAll('mjx-container').length") > 0, "no typeset math"
+    raw = page.evaluate("""() => [...document.querySelectorAll('span.math, div.math')]
+        .filter(e => !e.querySelector('mjx-container')).map(e => e.textContent.slice(0, 80))""")
+    assert raw == [], f"math left as raw TeX: {raw[:5]}"
+    # every figure decodes
+    images = page.evaluate("""() => [...document.querySelectorAll('article img')]
+        .map(i => ({src: i.currentSrc || i.src, ok: i.complete && i.naturalWidth > 0}))""")
+    assert images, "no figure: every chapter teaches with at least one"
+    broken = [i["src"] for i in images if not i["ok"]]
+    assert not broken, f"images that do not decode: {broken}"
+    assert failed == [], f"local requests that failed: {failed}"
+    assert remote == [], f"the page fetched from the network: {remote}"
+    # the Colab button
+    owner_repo = re.fullmatch(r"https://github\.com/(.+)", CONFIG["repository"]["url"].rstrip("/")).group(1)
+    links = page.evaluate("() => [...document.querySelectorAll('a')].map(a => a.href)"
+                          ".filter(h => h.includes('colab.research.google.com'))")
+    expected = (f"https://colab.research.google.com/github/{owner_repo}/blob/"
+                f"{CONFIG['repository']['branch']}/{chapter}.ipynb")
+    assert expected in links, f"Colab link {links} != {expected}"
 
 
 MARKER_LINE = r"^\s*(#\||# NBVAL_)"      # the lines _ext/strip_markers.py removes (no indent there; any here)
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.split("/")[-1])
-def test_code_shows_no_markers_and_fits_the_page(browser, chapter):
+def test_code_shows_no_markers_and_fits_the_page(chapter_pages, chapter):
     """The notebooks keep their nbdev/nbval marker lines; the book shows none of them, in the text of any code
     cell (hidden ones included). A tqdm bar shows one line, not one line per redraw (collapse_progress, tested in
     test_book_structure.py, finds nothing left to collapse in any output). At a 1,400-px window no code block (cell input, output, or Markdown code)
     is wider than its box: with every folded cell opened, no `pre` has scrollWidth > clientWidth + 1."""
-    page, _, _ = open_page(browser, f"{chapter}.html", viewport={"width": 1400, "height": 900})
-    try:
-        assert page.evaluate("() => window.innerWidth") == 1400
-        inputs = page.evaluate("() => [...document.querySelectorAll('article div.cell_input')].map(e => e.textContent)")
-        assert inputs, "no code cells found (did myst-nb's markup change?)"
-        shown = [line.strip() for text in inputs for line in text.splitlines() if re.match(MARKER_LINE, line)]
-        assert shown == [], f"marker lines shown in code cells: {shown[:5]}"
-        outputs = page.evaluate("() => [...document.querySelectorAll('article div.cell_output pre')]"
-                                ".map(e => e.textContent)")
-        redraws = [text[:300] for text in outputs if collapse_progress(text) != text]
-        assert redraws == [], f"progress-bar redraws shown (_ext/progress_bars.py keeps the last): {redraws[:2]}"
-        page.evaluate("() => document.querySelectorAll('article details').forEach(d => { d.open = true; })")
-        blocks = page.evaluate("""() => [...document.querySelectorAll('article pre')].map(p => ({
-            sw: p.scrollWidth, cw: p.clientWidth, line: p.textContent.split('\\n')
-                .reduce((a, l) => l.length > a.length ? l : a, '').slice(0, 100)}))""")
-        assert all(b["cw"] > 0 for b in blocks), "a code block is still hidden: its width cannot be checked"
-        wide = [f"{b['sw']} > {b['cw']} px: {b['line']}" for b in blocks if b["sw"] > b["cw"] + 1]
-        assert wide == [], f"code blocks that scroll sideways at 1,400 px: {wide[:5]}"
-    finally:
-        page.close()
-
-
-def test_chapter_pages_have_figures(browser):
-    """Every chapter teaches with at least one figure (and the check above proves they decode)."""
-    for chapter in CHAPTERS:
-        page, _, _ = open_page(browser, f"{chapter}.html")
-        try:
-            assert page.evaluate("() => document.querySelectorAll('article img').length") > 0, chapter
-        finally:
-            page.close()
+    page, _, _ = chapter_pages(chapter)                            # opened by the check above, or now
+    assert page.evaluate("() => window.innerWidth") == 1400
+    inputs = page.evaluate("() => [...document.querySelectorAll('article div.cell_input')].map(e => e.textContent)")
+    assert inputs, "no code cells found (did myst-nb's markup change?)"
+    shown = [line.strip() for text in inputs for line in text.splitlines() if re.match(MARKER_LINE, line)]
+    assert shown == [], f"marker lines shown in code cells: {shown[:5]}"
+    outputs = page.evaluate("() => [...document.querySelectorAll('article div.cell_output pre')]"
+                            ".map(e => e.textContent)")
+    redraws = [text[:300] for text in outputs if collapse_progress(text) != text]
+    assert redraws == [], f"progress-bar redraws shown (_ext/progress_bars.py keeps the last): {redraws[:2]}"
+    page.evaluate("() => document.querySelectorAll('article details').forEach(d => { d.open = true; })")
+    blocks = page.evaluate("""() => [...document.querySelectorAll('article pre')].map(p => ({
+        sw: p.scrollWidth, cw: p.clientWidth, line: p.textContent.split('\\n')
+            .reduce((a, l) => l.length > a.length ? l : a, '').slice(0, 100)}))""")
+    assert all(b["cw"] > 0 for b in blocks), "a code block is still hidden: its width cannot be checked"
+    wide = [f"{b['sw']} > {b['cw']} px: {b['line']}" for b in blocks if b["sw"] > b["cw"] + 1]
+    assert wide == [], f"code blocks that scroll sideways at 1,400 px: {wide[:5]}"
 
 
 def test_landing_page_and_bibliography(browser):

@@ -7,6 +7,7 @@ __all__ = ['check_encoder_layer']
 import torch
 
 from ..encoder import EncoderLayer
+from .attention import close_to
 
 
 def _encoder_layer_variant(layer, x, mask, norm_first, residual=(True, True), ffn=True):
@@ -46,7 +47,7 @@ def check_encoder_layer(fn, trials: int = 4) -> None:
             if got.shape != expected.shape:
                 raise AssertionError(f"{where}: expected shape {tuple(expected.shape)} (B, S, d_model), "
                                      f"got {tuple(got.shape)}")
-            if torch.allclose(got.double(), expected, atol=1e-8):
+            if close_to(got, expected):
                 continue
             with torch.no_grad():
                 suspects = {
@@ -63,7 +64,7 @@ def check_encoder_layer(fn, trials: int = 4) -> None:
                     suspects["a layer that ignores the padding mask (padded keys were attended to)"] = \
                         layer(x, None)
             for description, wrong in suspects.items():
-                if torch.allclose(got.double(), wrong, atol=1e-8):
+                if close_to(got, wrong):
                     raise AssertionError(f"{where}: your output equals {description}")
             err = (got.double() - expected).abs()
             b_, s_ = divmod(int(err.amax(-1).argmax()), S)

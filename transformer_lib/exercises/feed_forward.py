@@ -7,6 +7,8 @@ __all__ = ['check_feed_forward']
 import torch
 import torch.nn.functional as F
 
+from .attention import close_to
+
 
 def _reference_ffn(x, W_1, b_1, W_2, b_2):
     return torch.relu(x @ W_1 + b_1) @ W_2 + b_2
@@ -52,16 +54,16 @@ def check_feed_forward(fn, seed: int = 0) -> None:
             got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
             raise AssertionError(f"wrong shape: on x of shape {shape} expected output shape {shape}, got {got}")
         expected = _reference_ffn(x, W_1, b_1, W_2, b_2)
-        if torch.allclose(out, expected, rtol=1e-7, atol=1e-9):
+        if close_to(out, expected):
             continue
         for message, wrong in mistakes.items():
-            if torch.allclose(out, wrong(x), rtol=1e-7, atol=1e-9):
+            if close_to(out, wrong(x)):
                 raise AssertionError(message)
         x_moved = x.clone()
         x_moved[..., 0, :] += 1.0                                  # change position 0 only
-        if not torch.allclose(fn(x_moved, W_1, b_1, W_2, b_2)[..., 1:, :], out[..., 1:, :]):
+        if not close_to(fn(x_moved, W_1, b_1, W_2, b_2)[..., 1:, :], out[..., 1:, :].double()):
             raise AssertionError("positions are mixed: changing the input at position 0 changed the output at "
                                  "other positions; the network must act on each position (last axis) alone")
-        error = (out - expected).abs().max().item()
+        error = (out.double() - expected).abs().max().item()
         raise AssertionError(f"wrong values on x of shape {shape}: max |error| = {error:.3g}")
     print("check_feed_forward: correct on inputs of shape (2, 5, 6) and (7, 6)")
