@@ -151,3 +151,31 @@ FLOAT32_MISTAKES = [
 def test_a_float32_mistake_is_still_named(grader, answer, named):
     with pytest.raises(AssertionError, match=named):
         grader(answer)
+
+
+# --- check_encoder_layer refuses the shortcuts its exercise forbids (it used to accept layer(x, mask))
+
+def encoder_layer_shortcut(layer, x, mask):
+    return layer(x, mask)
+
+
+def encoder_layer_through_sublayers(layer, x, mask):
+    x = layer.sublayer1(x, lambda y: layer.self_attn(y, y, y, mask)[0])
+    return layer.sublayer2(x, layer.feed_forward)
+
+
+def encoder_layer_hidden_shortcut(layer, x, mask):
+    try:
+        return layer(x, mask)
+    except Exception:                                  # a reader's try/except cannot hide the call
+        return x
+
+
+@pytest.mark.parametrize("answer, called", [(encoder_layer_shortcut, r"layer\(\.\.\.\)"),
+                                            (encoder_layer_through_sublayers, r"layer\.sublayer1\(\.\.\.\)"),
+                                            (encoder_layer_hidden_shortcut, r"layer\(\.\.\.\)")],
+                         ids=["layer(x, mask)", "sublayers", "caught-by-the-reader"])
+def test_check_encoder_layer_refuses_the_forbidden_calls(answer, called):
+    with pytest.raises(AssertionError, match=rf"you called {called}"):
+        check_encoder_layer(answer)
+    check_encoder_layer(encoder_layer32)                # the layer's own forward is back afterwards

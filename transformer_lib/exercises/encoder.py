@@ -23,9 +23,33 @@ def _encoder_layer_variant(layer, x, mask, norm_first, residual=(True, True), ff
     return x
 
 
+def _call_without_shortcuts(fn, layer, x, mask):
+    """fn(layer, x, mask), refusing the calls the exercise forbids: layer(...), layer.sublayer1(...),
+    layer.sublayer2(...) (each would compute the answer for the reader). The instances' forward is replaced for
+    the call only (nn.Module.__call__ looks it up on the instance first)."""
+    used = []
+    for name, module in (("layer", layer), ("layer.sublayer1", layer.sublayer1), ("layer.sublayer2", layer.sublayer2)):
+        def refuse(*args, _name=name, **kwargs):
+            used.append(_name)
+            raise RuntimeError(f"{_name}(...) is not allowed in this exercise")
+        module.forward = refuse
+    try:
+        return fn(layer, x, mask)
+    except RuntimeError:
+        if not used:
+            raise
+    finally:
+        for module in (layer, layer.sublayer1, layer.sublayer2):
+            del module.forward                                   # the class's forward again
+        if used:                                                 # also when fn caught the error itself
+            raise AssertionError(f"you called {used[0]}(...): the exercise asks you to compute the layer from "
+                                 f"layer.self_attn, layer.feed_forward and the two norms, without calling it")
+
+
 def check_encoder_layer(fn, trials: int = 4) -> None:
     """Test fn(layer, x, mask) -> (B, S, d_model) against EncoderLayer.forward on random post-norm and pre-norm
-    layers, with and without a padding mask. Raises AssertionError naming the mistake; prints a verdict."""
+    layers, with and without a padding mask (calling layer, layer.sublayer1 or layer.sublayer2 is refused, as
+    the exercise asks). Raises AssertionError naming the mistake; prints a verdict."""
     gen = torch.Generator().manual_seed(0)
     for norm_first in (False, True):
         for trial in range(trials):
@@ -41,7 +65,7 @@ def check_encoder_layer(fn, trials: int = 4) -> None:
             where = f"(norm_first={norm_first}, x {tuple(x.shape)}, mask {'None' if mask is None else 'padding'})"
             with torch.no_grad():
                 expected = layer(x, mask)
-                got = fn(layer, x.clone(), mask)
+                got = _call_without_shortcuts(fn, layer, x.clone(), mask)
             if not isinstance(got, torch.Tensor):
                 raise AssertionError(f"{where}: expected a tensor, got {type(got).__name__}")
             if got.shape != expected.shape:
