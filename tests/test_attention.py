@@ -280,3 +280,33 @@ def test_check_attention_accepts_a_correct_function(capsys):
     check_attention(_reference)
     check_attention(lambda Q, K, V, mask=None: F.scaled_dot_product_attention(Q, K, V, attn_mask=mask))
     assert "match the reference" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_padded_key_holding_nan_or_inf_cannot_change_the_output(bad):
+    """Issue 26: masked means it cannot matter. A padding key's weight is 0, but 0 * NaN = NaN: its value is zeroed.
+    Every output, the weights and the gradients of the real positions are exactly those of finite padding."""
+    torch.manual_seed(0)
+    Q = torch.randn(2, 2, 3, 4, dtype=torch.float64)
+    K, V = torch.randn(2, 2, 5, 4, dtype=torch.float64), torch.randn(2, 2, 5, 6, dtype=torch.float64)
+    mask = padding_mask(torch.tensor([[1, 2, 3, 0, 0], [4, 5, 0, 0, 0]]), pad_id=0)      # (B, 1, 1, 5)
+    K_bad, V_bad = K.clone(), V.clone()
+    K_bad[0, :, 3], V_bad[0, :, 4], V_bad[1, :, 2] = bad, bad, bad                       # padding positions only
+    out, w = scaled_dot_product_attention(Q, K, V, mask)
+    out_bad, w_bad = scaled_dot_product_attention(Q, K_bad, V_bad, mask)
+    assert torch.equal(out, out_bad) and torch.equal(w, w_bad)
+    for t in (Q, V_bad):
+        t.requires_grad_(True)
+    scaled_dot_product_attention(Q, K_bad, V_bad, mask)[0].sum().backward()
+    assert torch.isfinite(Q.grad).all() and torch.equal(V_bad.grad[0, :, 4], torch.zeros_like(V_bad.grad[0, :, 4]))
+
+
+def test_a_nan_value_that_some_query_may_see_still_shows():
+    """A real NaN is not hidden: under the causal mask a NaN value at position 3 reaches query 3 (and later), and,
+    as in PyTorch's kernels, the earlier queries too (their weight 0 times NaN); only keys no query sees are zeroed."""
+    torch.manual_seed(0)
+    Q, K, V = (torch.randn(1, 1, 5, 4, dtype=torch.float64) for _ in range(3))
+    V[0, 0, 3] = float("nan")
+    out, _ = scaled_dot_product_attention(Q, K, V, causal_mask(5)[None, None])
+    ref = F.scaled_dot_product_attention(Q, K, V, is_causal=True)
+    assert out[0, 0, 3:].isnan().all() and torch.equal(out.isnan(), ref.isnan())

@@ -12,6 +12,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
 sys.path.insert(0, str(ROOT / "tools"))
+import exercise_count  # noqa: E402
 import setup_cell  # noqa: E402
 
 
@@ -139,3 +140,16 @@ def test_marker_lines_start_at_column_0_so_the_book_strips_them(path):
             for line in c.source.splitlines():
                 if line.lstrip().startswith(("#|", "# NBVAL_")):
                     assert line.startswith(("#|", "# NBVAL_")), f"indented marker, shown in the book: {line!r}"
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_every_exercise_names_a_grader_that_its_solution_calls(path):
+    """Issue 21: each numbered exercise names a check_* grader of transformer_lib.exercises (the reader calls it
+    on their own answer), and a code cell of the exercise section calls it (the hidden worked solution)."""
+    known = exercise_count.graders()
+    items = exercise_count.exercises(path)
+    assert items, "the chapter has numbered exercises"
+    for title, named, called in items:
+        assert named, f"exercise {title!r} names no grader (check_xxx(...))"
+        assert set(named) <= known, f"exercise {title!r} names {set(named) - known}, not in transformer_lib.exercises"
+        assert called, f"exercise {title!r}: no code cell of the section calls {named}"

@@ -521,3 +521,47 @@ def test_is_causal_must_be_a_bool():
     mha, x, _ = _causal_cases()
     with pytest.raises(ValueError, match="is_causal"):
         mha(x, x, x, is_causal="yes")
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_padding_holding_nan_or_inf_cannot_change_the_real_positions(need_weights):
+    """Issue 26: masked means it cannot matter, on both paths (PyTorch's fused kernel and Chapter 1's function):
+    NaN and inf in the padding vectors change neither the real positions' outputs nor their gradients."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(8, 2, dropout=0.0).double().eval()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    mask = padding_mask(torch.tensor([[1, 2, 3, 0, 0], [1, 2, 3, 4, 0]]), pad_id=0)     # (B, 1, 1, 5)
+    bad = x.clone()
+    bad[0, 3], bad[0, 4], bad[1, 4] = float("inf"), float("nan"), -float("inf")
+    real = mask[:, 0, 0]                                                                # (B, 5)
+    out = mha(x, x, x, mask, need_weights=need_weights)[0]
+    assert torch.equal(out[real], mha(bad, bad, bad, mask, need_weights=need_weights)[0][real])
+    # gradients: the padding enters as keys and values (a NaN *query* row is not masked: its own output is NaN,
+    # and its backward reaches every key, as in PyTorch's kernels)
+    query = x.clone().requires_grad_(True)
+    bad.requires_grad_(True)
+    mha(query, bad, bad, mask, need_weights=need_weights)[0].sum().backward()
+    assert torch.isfinite(query.grad).all() and torch.isfinite(bad.grad[real]).all()
+
+
+def test_cached_decoding_with_nan_in_the_padded_memory_equals_finite_padding():
+    """Issue 26 on the KV-cache path: the memory's padded keys are zeroed once, when the static cache is filled
+    (the cached tensors are not copied again at every step), and self-attention zeroes only its new keys."""
+    torch.manual_seed(0)
+    self_attn, cross_attn = (MultiHeadAttention(8, 2, dropout=0.0).double().eval() for _ in range(2))
+    memory = torch.randn(2, 5, 8, dtype=torch.float64)
+    src_mask = padding_mask(torch.tensor([[1, 2, 3, 0, 0], [1, 2, 3, 4, 0]]), pad_id=0)   # (B, 1, 1, S)
+    bad = memory.clone()
+    bad[0, 3:], bad[1, 4] = float("nan"), float("inf")
+    y = torch.randn(2, 4, 8, dtype=torch.float64)
+
+    def decode(memory):
+        caches, outs = (AttentionCache(), AttentionCache(static=True)), []
+        for t in range(y.size(1)):
+            h = self_attn(y[:, t:t + 1], y[:, t:t + 1], y[:, t:t + 1], None, cache=caches[0])[0]
+            outs.append(cross_attn(h, memory, memory, src_mask, cache=caches[1])[0])
+        return torch.cat(outs, 1), caches[1]
+
+    clean, _ = decode(memory)
+    dirty, cache = decode(bad)
+    assert torch.equal(clean, dirty) and torch.isfinite(cache.k).all() and torch.isfinite(cache.v).all()

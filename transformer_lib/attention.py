@@ -17,7 +17,8 @@ def scaled_dot_product_attention(Q, K, V, mask=None, dropout=None, *, scale=None
 
     Q: (..., n_q, d_k)   K: (..., n_k, d_k)   V: (..., n_k, d_v), floating point, one dtype, d_k >= 1.
     mask: bool, True = may attend, with the rank of the scores Q Kᵀ (..., n_q, n_k), each axis of the
-          scores' size or 1. A query row with no allowed key gets all-zero weights and a zero output (never NaN).
+          scores' size or 1. A query row with no allowed key gets all-zero weights and a zero output (never NaN);
+          a key no query may attend to cannot change the output, even if K or V holds NaN or inf there.
     dropout: optional callable (e.g. nn.Dropout) applied to the weights. The paper (section 5.4) puts
         dropout only on sublayer outputs and embeddings; dropout on the weights follows the authors'
         tensor2tensor code and nn.MultiheadAttention.
@@ -28,6 +29,12 @@ def scaled_dot_product_attention(Q, K, V, mask=None, dropout=None, *, scale=None
     """
     if checks_due():
         check_attention_inputs(Q, K, V, mask, scale, attn_bias)
+    if mask is not None:
+        # A key no query may attend to (padding) must not matter even if it holds NaN or inf: its weight is 0,
+        # but 0 * NaN is NaN. Zero such keys and values. (A key hidden from only some queries, by the causal
+        # mask, is seen by the others and stays, as in PyTorch's kernels.)
+        seen = mask.any(-2).unsqueeze(-1)                        # (..., n_k, 1)
+        K, V = torch.where(seen, K, 0.0), torch.where(seen, V, 0.0)
     if scale is None:
         scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.size(-1))   # (..., n_q, n_k)
     else:

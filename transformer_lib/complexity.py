@@ -155,12 +155,13 @@ def saved_tensor_bytes(fn, *args, exclude=(), **kwargs) -> int:
 def explicit_attention_saved_bytes(batch_heads: int, n_q: int, n_k: int, d_k: int, element_size: int = 4,
                                    masked: bool = False) -> int:
     """What Chapter 1's scaled_dot_product_attention saves: Q, K, V and the (n_q, n_k) weights; with a mask also
-    the masked copy of the weights and two bool (n_q, n_k) masks (a mask of shape (1, 1, n_q, n_k))."""
+    the masked copy of the weights, two bool (n_q, n_k) masks and n_k bool flags of the keys some query may see
+    (a mask of shape (1, 1, n_q, n_k); the flags zero the keys no query sees, Chapter 1)."""
     _check_saved_sizes(batch_heads, n_q, n_k, d_k, element_size)
     check_bool("masked", masked)
     vectors = batch_heads * (n_q + 2 * n_k) * d_k * element_size
     weights = batch_heads * n_q * n_k * element_size
-    return vectors + (2 * weights + 2 * n_q * n_k if masked else weights)
+    return vectors + (2 * weights + 2 * n_q * n_k + n_k if masked else weights)
 
 
 def _check_saved_sizes(batch_heads, n_q, n_k, d_k, element_size) -> None:

@@ -77,6 +77,9 @@ class MultiHeadAttention(nn.Module):
         else:
             K = self.split_heads(self.W_k(key))             # (B, h, n_k, d_k)
             V = self.split_heads(self.W_v(value))           # (B, h, n_k, d_k)
+            if mask is not None:    # a key no query may see cannot matter, even holding NaN (Chapter 1): zero the
+                seen = mask.any(-2).unsqueeze(-1)[..., -K.size(2):, :]   # new ones; cached ones were, when new
+                K, V = torch.where(seen, K, 0.0), torch.where(seen, V, 0.0)
             if cache is not None:                           # remember them; attend over past + new positions
                 if len(cache):
                     K, V = torch.cat([cache.k, K], dim=2), torch.cat([cache.v, V], dim=2)

@@ -1,0 +1,271 @@
+"""The graders of Chapter 2's exercises (transformer_lib.exercises.multi_head): the reference answers pass, in
+float64 and float32, and the typical wrong answers are caught with a message that names the mistake."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+from transformer_lib.attention import scaled_dot_product_attention
+from transformer_lib.exercises.multi_head import (
+    check_heads_loop,
+    check_kv_counts,
+    check_min_mse,
+    check_padding_fix,
+)
+from transformer_lib.multi_head import MultiHeadAttention
+
+# --- exercise 2: check_heads_loop
+
+def _loop(m, query, key, value, mask=None, dtype=torch.float64, bias=True, columns=False, order="concat",
+          w_o=True, scale=None):
+    heads = []
+    for i in range(m.num_heads):
+        rows = slice(i * m.d_k, (i + 1) * m.d_k)
+        proj = []
+        for W, x in ((m.W_q, query), (m.W_k, key), (m.W_v, value)):
+            weight = W.weight.to(dtype)
+            y = x.to(dtype) @ (weight[:, rows] if columns else weight[rows].T)
+            proj.append(y + W.bias[rows].to(dtype) if bias else y)
+        heads.append(scaled_dot_product_attention(*proj, None if mask is None else mask[:, 0], scale=scale)[0])
+    if order == "reversed":
+        heads = heads[::-1]
+    concat = torch.stack(heads, -1).flatten(-2) if order == "interleaved" else torch.cat(heads, -1)
+    return concat @ m.W_o.weight.to(dtype).T + m.W_o.bias.to(dtype) if w_o else concat
+
+
+def heads_loop(m, query, key, value, mask=None):
+    return _loop(m, query, key, value, mask), "the per-head outputs"        # a tuple is accepted
+
+
+def heads_loop32(m, query, key, value, mask=None):
+    return _loop(m, query, key, value, mask, dtype=torch.float32)
+
+
+def forgotten_biases(m, query, key, value, mask=None):
+    return _loop(m, query, key, value, mask, bias=False)
+
+
+def columns_not_rows(m, query, key, value, mask=None):
+    return _loop(m, query, key, value, mask, columns=True)
+
+
+def heads_reversed(m, query, key, value, mask=None):
+    return _loop(m, query, key, value, mask, order="reversed")
+
+
+def heads_interleaved(m, query, key, value, mask=None):
+    return _loop(m, query, key, value, mask, order="interleaved")
+
+
+def missing_w_o(m, query, key, value, mask=None):
+    return _loop(m, query, key, value, mask, w_o=False)
+
+
+def scaled_by_d_model(m, query, key, value, mask=None):
+    return _loop(m, query, key, value, mask, scale=m.d_model ** -0.5)
+
+
+def mask_ignored(m, query, key, value, mask=None):
+    return _loop(m, query, key, value, None)
+
+
+def test_heads_loop_accepts_the_loop(capsys):
+    check_heads_loop(heads_loop)
+    check_heads_loop(heads_loop32)
+    assert capsys.readouterr().out.startswith("check_heads_loop:")
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (forgotten_biases, "biases of W_q, W_k, W_v are missing"),
+    (columns_not_rows, "you sliced columns"),
+    (heads_reversed, "reverse order"),
+    (heads_interleaved, "interleaved feature by feature"),
+    (missing_w_o, "W_o is missing"),
+    (scaled_by_d_model, r"divided by sqrt\(d_model\)"),
+    (mask_ignored, "the mask is ignored"),
+    (lambda m, q, k, v, mask=None: _loop(m, q, k, v, mask)[:, :1], "output shape"),
+])
+def test_heads_loop_names_the_mistake(wrong, words):
+    with pytest.raises(AssertionError, match=words):
+        check_heads_loop(wrong)
+
+
+# --- exercise 3: check_kv_counts
+
+def kv_counts(d_model, num_heads, kv_heads):
+    d_k = d_model // num_heads
+    return 2 * (d_model * d_model + d_model) + 2 * (d_model * kv_heads * d_k + kv_heads * d_k), 2 * kv_heads * d_k
+
+
+def kv_counts_from_modules(d_model, num_heads, kv_heads):
+    d_k = d_model // num_heads
+    layers = [nn.Linear(d_model, d_model), nn.Linear(d_model, kv_heads * d_k), nn.Linear(d_model, kv_heads * d_k),
+              nn.Linear(d_model, d_model)]
+    return float(sum(p.numel() for layer in layers for p in layer.parameters())), torch.tensor(2 * kv_heads * d_k)
+
+
+def kv_heads_of_width_d_model(d_model, num_heads, kv_heads):
+    return 2 * (d_model * d_model + d_model) * (1 + kv_heads), 2 * kv_heads * d_model
+
+
+def forgotten_biases_count(d_model, num_heads, kv_heads):
+    params, cached = kv_counts(d_model, num_heads, kv_heads)
+    return params - 2 * d_model - 2 * kv_heads * (d_model // num_heads), cached
+
+
+def groups_as_kv_heads(d_model, num_heads, g):
+    return kv_counts(d_model, num_heads, num_heads // g)
+
+
+def only_keys_cached(d_model, num_heads, kv_heads):
+    return kv_counts(d_model, num_heads, kv_heads)[0], kv_heads * (d_model // num_heads)
+
+
+def all_heads_cached(d_model, num_heads, kv_heads):
+    return kv_counts(d_model, num_heads, kv_heads)[0], 2 * d_model
+
+
+def w_q_shrunk(d_model, num_heads, kv_heads):
+    d_k = d_model // num_heads
+    params, cached = kv_counts(d_model, num_heads, kv_heads)
+    return params - (d_model - kv_heads * d_k) * (d_model + 1), cached
+
+
+def test_kv_counts_accepts_the_counts(capsys):
+    check_kv_counts(kv_counts)
+    check_kv_counts(kv_counts_from_modules)
+    assert capsys.readouterr().out.startswith("check_kv_counts:")
+
+
+def test_kv_counts_match_the_real_module():
+    assert kv_counts(512, 8, 8)[0] == sum(p.numel() for p in MultiHeadAttention(512, 8).parameters())
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (kv_heads_of_width_d_model, "counted K/V heads of width d_model"),
+    (forgotten_biases_count, "biases are missing"),
+    (groups_as_kv_heads, "group size g"),
+    (only_keys_cached, "only the keys"),
+    (all_heads_cached, "full multi-head attention's cache"),
+    (w_q_shrunk, "shrank W_q too"),
+    (lambda d_model, num_heads, kv_heads: 5, "must return two numbers"),
+])
+def test_kv_counts_names_the_mistake(wrong, words):
+    with pytest.raises(AssertionError, match=words):
+        check_kv_counts(wrong)
+
+
+# --- exercise 4: check_min_mse
+
+def min_mse(alpha):
+    norm = alpha ** 2 + (1 - alpha) ** 2
+    return (1 - alpha) ** 2 / norm, alpha ** 2 / norm
+
+
+def min_mse_sampled(alpha):                     # least squares on samples, in float32
+    u, v = torch.randn(2, 200_000, generator=torch.Generator().manual_seed(0))
+    blend = alpha * u + (1 - alpha) * v
+    out = []
+    for target in (u, v):
+        s = (blend @ target) / (blend @ blend)
+        out.append(((s * blend - target) ** 2).mean())
+    return torch.stack(out)
+
+
+def test_min_mse_accepts_formula_and_estimate(capsys):
+    check_min_mse(min_mse)
+    check_min_mse(min_mse_sampled)
+    assert "3/7" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (lambda a: min_mse(a)[::-1], "swapped"),
+    (lambda a: (2 * (1 - a) ** 2, 2 * a ** 2), "s = 1"),
+    (lambda a: (1 - a, a), "where their squares belong"),
+    (lambda a: ((1 - a) ** 2, a ** 2), "normalisation is missing"),
+    (lambda a: 0.5, "must return two numbers"),
+])
+def test_min_mse_names_the_mistake(wrong, words):
+    with pytest.raises(AssertionError, match=words):
+        check_min_mse(wrong)
+
+
+# --- exercise 5 (bug hunt): check_padding_fix
+
+class PaddedSelfAttention(MultiHeadAttention):      # the chapter's buggy class: the mask hides padding queries
+    def forward(self, x, key_padding_mask=None, need_weights=False):
+        Q, K, V = (self.split_heads(W(x)) for W in (self.W_q, self.W_k, self.W_v))
+        scores = Q @ K.transpose(-2, -1) / self.d_k ** 0.5
+        if key_padding_mask is not None:
+            scores = scores.masked_fill(self._hide(key_padding_mask), -1e9)
+        weights = self.dropout(scores.softmax(dim=-1))
+        return self.W_o(self.merge_heads(weights @ V)), (weights if need_weights else None)
+
+    def _hide(self, key_padding_mask):
+        return key_padding_mask[:, None, :, None]
+
+
+class FixedSelfAttention(PaddedSelfAttention):
+    def _hide(self, key_padding_mask):
+        return key_padding_mask[:, None, None, :]
+
+
+class FixedWithModule(PaddedSelfAttention):     # the module's own forward with our mask convention
+    def forward(self, x, key_padding_mask=None, need_weights=False):
+        mask = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]
+        return MultiHeadAttention.forward(self, x, x, x, mask, need_weights=need_weights)
+
+
+class FixedFloat32(FixedSelfAttention):
+    def forward(self, x, key_padding_mask=None, need_weights=False):
+        m = FixedSelfAttention(self.d_model, self.num_heads, dropout=0.0)
+        m.load_state_dict({k: v.float() for k, v in self.state_dict().items()})
+        return m(x.float(), key_padding_mask)[0]                         # a tensor, not a tuple, is accepted
+
+
+class QueriesAndKeys(FixedWithModule):          # also hiding padding queries (all-False rows give zeros): fine
+    def forward(self, x, key_padding_mask=None, need_weights=False):
+        real = ~key_padding_mask
+        return MultiHeadAttention.forward(self, x, x, x, real[:, None, :, None] & real[:, None, None, :],
+                                          need_weights=need_weights)
+
+
+class InvertedMask(FixedWithModule):
+    def forward(self, x, key_padding_mask=None, need_weights=False):
+        return MultiHeadAttention.forward(self, x, x, x, key_padding_mask[:, None, None, :], need_weights=need_weights)
+
+
+class MaskDropped(FixedWithModule):
+    def forward(self, x, key_padding_mask=None, need_weights=False):
+        return MultiHeadAttention.forward(self, x, x, x, need_weights=need_weights)
+
+
+class OtherLayout(nn.Module):                   # parameters under other names
+    def __init__(self, d_model, num_heads, dropout=0.0):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(d_model, num_heads, batch_first=True)
+
+
+@pytest.mark.parametrize("cls", [FixedSelfAttention, FixedWithModule, FixedFloat32, QueriesAndKeys])
+def test_padding_fix_accepts_repairs(cls, capsys):
+    check_padding_fix(cls)
+    assert capsys.readouterr().out.startswith("check_padding_fix:")
+
+
+@pytest.mark.parametrize("cls, words", [
+    (PaddedSelfAttention, "mask is applied to the queries, not the keys"),
+    (InvertedMask, "the mask is inverted"),
+    (MaskDropped, "the padding mask has no effect"),
+    (OtherLayout, "must keep MultiHeadAttention's parameters"),
+])
+def test_padding_fix_names_the_mistake(cls, words):
+    with pytest.raises(AssertionError, match=words):
+        check_padding_fix(cls)
+
+
+def test_graders_leave_the_global_random_state_alone():
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    check_heads_loop(heads_loop)
+    check_padding_fix(FixedSelfAttention)
+    assert torch.equal(before, torch.get_rng_state())

@@ -1,0 +1,186 @@
+"""Chapter 7's graders (transformer_lib.exercises.decoder): the worked solutions pass, also in float32, and
+typical mistakes are caught with a message that names them."""
+import pytest
+import torch
+
+from transformer_lib.exercises.decoder import (
+    check_future_mask,
+    check_parameter_count,
+    check_pre_norm,
+    check_tgt_mask,
+)
+from transformer_lib.model import Transformer, TransformerConfig
+
+# --- exercise 1: the target mask
+
+
+def my_tgt_mask(tgt, pad_id):
+    T = tgt.size(1)
+    return torch.ones(T, T, dtype=torch.bool).tril() & (tgt != pad_id)[:, None, None, :]
+
+
+def causal_only(tgt, pad_id):                              # forgot the padding
+    return torch.ones(tgt.size(1), tgt.size(1), dtype=torch.bool).tril()[None, None]
+
+
+def padding_only(tgt, pad_id):                             # forgot the causal part
+    return (tgt != pad_id)[:, None, None, :]
+
+
+def inverted(tgt, pad_id):                                 # nn.Transformer's convention: True = forbidden
+    return ~my_tgt_mask(tgt, pad_id)
+
+
+def two_dimensional(tgt, pad_id):                          # (B, T): not the rank of the scores
+    return tgt != pad_id
+
+
+def test_tgt_mask_solution_passes(capsys):
+    check_tgt_mask(my_tgt_mask)
+    assert "check_tgt_mask: correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, named", [
+    (causal_only, "which is padding"),
+    (padding_only, "future position"),
+    (inverted, "inverted"),
+    (two_dimensional, "does not fit"),
+])
+def test_tgt_mask_mistakes_are_named(answer, named):
+    with pytest.raises(AssertionError, match=named):
+        check_tgt_mask(answer)
+
+
+# --- exercise 2: the parameter count
+
+def my_parameter_count(c):
+    d, f = c.d_model, c.d_ff
+    attention, ffn, norm = 4 * d * d + 4 * d, 2 * d * f + f + d, 2 * d
+    embeddings = c.src_vocab_size * d if c.tie_embeddings else (c.src_vocab_size + 2 * c.tgt_vocab_size) * d
+    encoder = c.num_encoder_layers * (attention + ffn + 2 * norm)
+    decoder = c.num_decoder_layers * (2 * attention + ffn + 3 * norm)
+    return embeddings + encoder + decoder + (2 * norm if c.final_norm else 0)
+
+
+def forgot_final_norms(c):
+    return my_parameter_count(c) - (4 * c.d_model if c.final_norm else 0)
+
+
+def forgot_biases(c):
+    d, Ne, Nd = c.d_model, c.num_encoder_layers, c.num_decoder_layers
+    return my_parameter_count(c) - (Ne + 2 * Nd) * 4 * d - (Ne + Nd) * (c.d_ff + d)
+
+
+def forgot_cross_attention(c):
+    d = c.d_model
+    return my_parameter_count(c) - c.num_decoder_layers * (4 * d * d + 4 * d + 2 * d)
+
+
+def test_parameter_count_solution_passes(capsys):
+    check_parameter_count(my_parameter_count)
+    assert "check_parameter_count: exact" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, named", [
+    (forgot_final_norms, "final LayerNorms"),
+    (forgot_biases, "biases"),
+    (forgot_cross_attention, "cross-attention"),
+    (lambda c: float(my_parameter_count(c)), "expected an int"),
+])
+def test_parameter_count_mistakes_are_named(answer, named):
+    with pytest.raises(AssertionError, match=named):
+        check_parameter_count(answer)
+
+
+# --- exercise 3: the pre-norm model equals nn.Transformer(norm_first=True)
+
+def small_config(**overrides):
+    fields = dict(d_model=32, num_heads=4, d_ff=64, num_encoder_layers=2, num_decoder_layers=2, dropout=0.0,
+                  norm_first=True)
+    return TransformerConfig(**{"src_vocab_size": 60, "tgt_vocab_size": 60, **fields, **overrides})
+
+
+def built(**overrides):
+    torch.manual_seed(0)
+    return Transformer(small_config(**overrides)).double().eval()
+
+
+def test_pre_norm_model_passes_in_float64_float32_untied_and_as_a_config(capsys):
+    check_pre_norm(built())
+    check_pre_norm(built().float())
+    check_pre_norm(built(tie_embeddings=False, tgt_vocab_size=70))
+    check_pre_norm(small_config())
+    assert capsys.readouterr().out.count("check_pre_norm: your pre-norm Transformer equals") == 4
+
+
+def test_check_pre_norm_leaves_the_global_random_state_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    check_pre_norm(small_config())
+    assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor")
+@pytest.mark.parametrize("answer, named", [
+    (lambda: built(norm_first=False), r"post-norm \(config.norm_first=False\)"),
+    (lambda: built(final_norm=False), r"no final norm \(config.final_norm=False\).*RMS"),
+    (lambda: built(dropout=0.1).train(), "dropout is active"),
+    (lambda: torch.nn.Transformer(32, 4, 2, 2, 64, batch_first=True, norm_first=True), "PyTorch's nn.Transformer"),
+    (lambda: "norm_first=True", "expected a Transformer"),
+])
+def test_pre_norm_mistakes_are_named(answer, named):
+    with pytest.raises(AssertionError, match=named):
+        check_pre_norm(answer())
+
+
+# --- exercise 4 (bug hunt): the causal mask off by one
+
+def fixed_future_mask(T):
+    return ~torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)[None, None]
+
+
+def sees_the_next_token(T):                                # the handed bug: diagonal=2
+    return ~torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=2)[None, None]
+
+
+def cannot_see_itself(T):                                  # diagonal=0
+    return ~torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=0)[None, None]
+
+
+def forbidden_convention(T):                               # nn.Transformer's True = forbidden
+    return torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)[None, None]
+
+
+def sees_two_ahead(T):
+    return torch.ones(T, T, dtype=torch.bool).tril(2)[None, None]
+
+
+def float_mask(T):                                         # an additive mask, not this book's convention
+    return torch.zeros(T, T).masked_fill(fixed_future_mask(T)[0, 0].logical_not(), float("-inf"))[None, None]
+
+
+def test_future_mask_solution_passes_also_as_a_2d_mask(capsys):
+    check_future_mask(fixed_future_mask)
+    check_future_mask(lambda T: torch.ones(T, T, dtype=torch.bool).tril())
+    assert capsys.readouterr().out.count("check_future_mask: correct") == 2
+
+
+@pytest.mark.parametrize("answer, named", [
+    (sees_the_next_token, "position 0 sees position 1: your mask leaks the next token"),
+    (cannot_see_itself, "position 0 cannot see itself.*attends to nothing"),
+    (forbidden_convention, "inverted"),
+    (sees_two_ahead, "position 0 sees position 2: your mask leaks the token 2 positions ahead"),
+    (float_mask, "must be bool"),
+    (lambda T: fixed_future_mask(T)[0], "expected"),
+])
+def test_future_mask_mistakes_are_named(answer, named):
+    with pytest.raises(AssertionError, match=named):
+        check_future_mask(answer)
+
+
+def test_a_mask_that_hides_the_past_is_named():
+    def no_past(T):
+        return torch.eye(T, dtype=torch.bool)[None, None]
+    with pytest.raises(AssertionError, match="cannot see the earlier position"):
+        check_future_mask(no_past)

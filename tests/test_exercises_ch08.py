@@ -1,0 +1,300 @@
+"""Chapter 8's graders (transformer_lib.exercises.training): the reference answers pass, float32 answers pass,
+and typical mistakes are caught with a message that names them."""
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from transformer_lib.data import CharTokenizer, number_pairs
+from transformer_lib.decoding import length_penalty
+from transformer_lib.exercises.training import (
+    check_cached_greedy,
+    check_fixed_smoothing_loss,
+    check_label_smoothing,
+    check_length_penalty,
+    check_noam,
+    check_seven_digits,
+)
+from transformer_lib.training import noam_lr
+
+# --- exercise 1 and bug hunt 5: label smoothing
+
+
+def smoothed_loss(logits, target, label_smoothing, pad_id):
+    V = logits.size(-1)
+    return nn.CrossEntropyLoss(label_smoothing=label_smoothing, ignore_index=pad_id)(logits.reshape(-1, V),
+                                                                                   target.reshape(-1))
+
+
+def smoothed_loss32(logits, target, label_smoothing, pad_id):
+    logp = F.log_softmax(logits.float(), dim=-1)                          # (B, T, V) float32
+    V = logp.size(-1)
+    q = torch.full_like(logp, label_smoothing / V)
+    q.scatter_(-1, target[..., None], 1 - label_smoothing + label_smoothing / V)
+    real = (target != pad_id)[..., None]
+    return -(q * logp * real).sum() / real.sum()
+
+
+def mean_over_padding(logits, target, label_smoothing, pad_id):              # the bug of the bug hunt
+    logp = F.log_softmax(logits, dim=-1)
+    V = logp.size(-1)
+    q = torch.full_like(logp, label_smoothing / V)
+    q.scatter_(-1, target[..., None], 1 - label_smoothing + label_smoothing / V)
+    real = (target != pad_id)[..., None]
+    return -(q * logp * real).sum(-1).mean()
+
+
+def padding_loss_summed(logits, target, label_smoothing, pad_id):          # only the denominator repaired
+    logp = F.log_softmax(logits, dim=-1)
+    V = logp.size(-1)
+    q = torch.full_like(logp, label_smoothing / V)
+    q.scatter_(-1, target[..., None], 1 - label_smoothing + label_smoothing / V)
+    return -(q * logp).sum() / (target != pad_id).sum()
+
+
+def padding_not_ignored(logits, target, label_smoothing, pad_id):
+    V = logits.size(-1)
+    return nn.CrossEntropyLoss(label_smoothing=label_smoothing)(logits.reshape(-1, V), target.reshape(-1))
+
+
+def no_smoothing(logits, target, label_smoothing, pad_id):
+    return smoothed_loss(logits, target, 0.0, pad_id)
+
+
+@pytest.mark.parametrize("check", [check_label_smoothing, check_fixed_smoothing_loss])
+@pytest.mark.parametrize("answer", [smoothed_loss, smoothed_loss32])
+def test_smoothing_accepts_correct_answers(check, answer, capsys):
+    check(answer)
+    assert check.__name__ in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("check", [check_label_smoothing, check_fixed_smoothing_loss])
+@pytest.mark.parametrize("answer, words", [
+    (mean_over_padding, "the mean runs over all B \\* T positions, padding included"),
+    (padding_loss_summed, "padding positions still add their loss"),
+    (padding_not_ignored, "padding positions are not ignored"),
+    (no_smoothing, "the smoothing is missing"),
+])
+def test_smoothing_names_mistakes(check, answer, words):
+    with pytest.raises(AssertionError, match=words):
+        check(answer)
+
+
+# --- exercise 2: the length-normalised score
+
+
+def score(log_prob, length, alpha):
+    return log_prob / length_penalty(length, alpha)
+
+
+def score32(log_prob, length, alpha):
+    return log_prob.float() / ((5 + length.float()) / 6) ** alpha
+
+
+def multiplied(log_prob, length, alpha):
+    return log_prob * ((5 + length) / 6) ** alpha
+
+
+def precedence(log_prob, length, alpha):
+    return log_prob / ((5 + length) / 6 ** alpha)
+
+
+def plain_length(log_prob, length, alpha):
+    return log_prob / length ** alpha
+
+
+def alpha_ignored(log_prob, length, alpha):
+    return log_prob / ((5 + length) / 6)
+
+
+@pytest.mark.parametrize("answer", [score, score32])
+def test_length_penalty_accepts_correct_answers(answer, capsys):
+    check_length_penalty(answer)
+    assert "check_length_penalty" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, words", [(multiplied, "you multiply"), (precedence, "6 \\*\\* alpha is computed first"),
+                                           (plain_length, "plain length normalisation"), (alpha_ignored, "alpha is ignored")])
+def test_length_penalty_names_mistakes(answer, words):
+    with pytest.raises(AssertionError, match=words):
+        check_length_penalty(answer)
+
+
+# --- exercise 3: the paper's schedule
+
+
+def noam(step, d_model, warmup):
+    return d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+
+
+def noam32(step, d_model, warmup):
+    step = torch.tensor(step, dtype=torch.float32)
+    return d_model ** -0.5 * torch.minimum(step ** -0.5, step * warmup ** -1.5)
+
+
+def no_d_model(step, d_model, warmup):
+    return min(step ** -0.5, step * warmup ** -1.5)
+
+
+def from_zero(step, d_model, warmup):                 # meant for LambdaLR's i, called with the paper's step
+    return noam_lr(step + 1, d_model, warmup)
+
+
+def minus_one(step, d_model, warmup):
+    return noam(step - 1, d_model, warmup)
+
+
+def wrong_terms(step, d_model, warmup):
+    return d_model ** -0.5 * min(step ** -0.5, warmup ** -1.5)
+
+
+def max_not_min(step, d_model, warmup):
+    return d_model ** -0.5 * max(step ** -0.5, step * warmup ** -1.5)
+
+
+@pytest.mark.parametrize("answer", [noam, noam32, noam_lr])
+def test_noam_accepts_correct_answers(answer, capsys):
+    check_noam(answer, peak_step=4000, peak_lr=1.976e-3)
+    assert "check_noam" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, words", [(no_d_model, "forgot d_model\\^-0.5"), (from_zero, "step counted from 0"),
+                                           (minus_one, "step counted from 0"), (wrong_terms, "min of the wrong terms"),
+                                           (max_not_min, "max instead of min")])
+def test_noam_names_mistakes(answer, words):
+    with pytest.raises(AssertionError, match=words):
+        check_noam(answer)
+
+
+@pytest.mark.parametrize("peak, words", [(dict(peak_step=3999), "step counted from 0"),
+                                         (dict(peak_step=4001), "where the two terms of the min meet"),
+                                         (dict(peak_lr=4000 ** -0.5), "forgot d_model\\^-0.5"),
+                                         (dict(peak_lr=6.988e-4), "d_model = 512")])
+def test_noam_peak_names_mistakes(peak, words):
+    with pytest.raises(AssertionError, match=words):
+        check_noam(noam, **peak)
+
+
+# --- exercise 4: seven digits
+
+
+def test_seven_digits_agrees_with_the_chapters_data():
+    """The grader's character sets equal those of the chapter's tokenizer (a sample of its training numbers)."""
+    sample = number_pairs(list(range(0, 1_000_000, 997)) + list(range(1000)))
+    tokenizer = CharTokenizer.from_texts([text for pair in sample for text in pair])
+    german = {ch for _, de in sample for ch in de}
+    seven = {ch for _, de in number_pairs([1_000_000, 2_345_678, 9_999_999, 7_777_777]) for ch in de}
+    unknown, missing = seven - set(tokenizer.stoi), seven - german
+    assert (unknown, missing) == ({"M"}, {" ", "M", "o"})
+    check_seven_digits(unknown, missing)
+    check_seven_digits("M", " Mo")
+    check_seven_digits(["M"], sorted(missing))
+
+
+@pytest.mark.parametrize("unknown, missing, words", [
+    ({"m"}, {" ", "M", "o"}, "is in the English 'million'"),
+    ({"M"}, {"M"}, "' ' \\(the space between 'eine' and 'Million'\\) is missing"),
+    ({"M"}, {" ", "M"}, "'o' \\(from 'Million'\\) is missing"),
+    ({"M", "o"}, {" ", "M", "o"}, "'o' should not be there: the tokenizer has an id for it"),
+    ({"M"}, {" ", "M", "o", "l"}, "'l' should not be there: some German target below a million has it"),
+])
+def test_seven_digits_names_mistakes(unknown, missing, words):
+    with pytest.raises(AssertionError, match=words):
+        check_seven_digits(unknown, missing)
+
+
+# --- bug hunt 6: the KV-cached greedy decoder
+
+
+def _greedy(model, src, max_new_tokens, offset, use_cache=True, positions=True, mask=True, dtype=None):
+    src_mask = model.make_src_mask(src)
+    memory = model.encode(src, src_mask)
+    cache = model.decoder.new_cache() if use_cache else None
+    token = torch.full((src.size(0),), 1, dtype=torch.long)                 # BOS
+    tokens, logits = [], []
+    for t in range(max_new_tokens):
+        x = model.tgt_embed(token[:, None])                                 # (B, 1, d_model)
+        if positions:
+            x = model.pos_encoding(x, offset(t))
+        h = model.decoder(x, memory, src_mask if mask else None, None, cache)
+        step = model.generator(h[:, -1])                                    # (B, V)
+        step = step if dtype is None else step.to(dtype)
+        token = step.argmax(-1)
+        tokens.append(token)
+        logits.append(step)
+    return torch.stack(tokens, 1), torch.stack(logits, 1)
+
+
+def cached_greedy(model, src, max_new_tokens):
+    return _greedy(model, src, max_new_tokens, lambda t: t)
+
+
+def cached_greedy32(model, src, max_new_tokens):
+    return _greedy(model, src, max_new_tokens, lambda t: t, dtype=torch.float32)
+
+
+def library_cache(model, src, max_new_tokens):
+    from transformer_lib.decoding import KVCache
+    src_mask = model.make_src_mask(src)
+    cache = KVCache(model, model.encode(src, src_mask), src_mask)
+    token, tokens, logits = torch.full((src.size(0),), 1), [], []
+    for _ in range(max_new_tokens):
+        step = cache.step(token)
+        token = step.argmax(-1)
+        tokens.append(token)
+        logits.append(step)
+    return torch.stack(tokens, 1), torch.stack(logits, 1)
+
+
+def forgot_offset(model, src, max_new_tokens):
+    return _greedy(model, src, max_new_tokens, lambda t: 0)
+
+
+def offset_plus_one(model, src, max_new_tokens):
+    return _greedy(model, src, max_new_tokens, lambda t: t + 1)
+
+
+def no_positions(model, src, max_new_tokens):
+    return _greedy(model, src, max_new_tokens, lambda t: t, positions=False)
+
+
+def no_cache(model, src, max_new_tokens):
+    return _greedy(model, src, max_new_tokens, lambda t: t, use_cache=False)
+
+
+def no_src_mask(model, src, max_new_tokens):
+    return _greedy(model, src, max_new_tokens, lambda t: t, mask=False)
+
+
+def not_argmax(model, src, max_new_tokens):
+    tokens, logits = cached_greedy(model, src, max_new_tokens)
+    return (tokens + 1) % logits.size(-1), logits
+
+
+@pytest.mark.parametrize("answer", [cached_greedy, cached_greedy32, library_cache])
+def test_cached_greedy_accepts_correct_answers(answer, capsys):
+    check_cached_greedy(answer)
+    assert "check_cached_greedy" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, words", [
+    (forgot_offset, "step t gets the encoding of position 0: the cache forgot the position offset"),
+    (offset_plus_one, "position t \\+ 1"), (no_positions, "no positional encoding"),
+    (no_cache, "each step sees only its newest token"), (no_src_mask, "source's padding"),
+    (not_argmax, "not the argmax"),
+])
+def test_cached_greedy_names_mistakes(answer, words):
+    with pytest.raises(AssertionError, match=words):
+        check_cached_greedy(answer)
+
+
+def test_graders_are_fast():
+    import time
+    start = time.perf_counter()
+    check_cached_greedy(cached_greedy)
+    check_noam(noam, peak_step=4000, peak_lr=math.sqrt(1 / 64 / 4000))
+    check_length_penalty(score)
+    assert time.perf_counter() - start < 1.0

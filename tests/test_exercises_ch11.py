@@ -1,0 +1,231 @@
+"""Chapter 11's graders (transformer_lib.exercises.sampling): the reference answers pass, float32 answers pass,
+and typical mistakes are caught with a message that names them."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transformer_lib.exercises.sampling import (
+    check_bits_per_byte,
+    check_kv_cache_bytes,
+    check_temperature,
+    check_top_p,
+)
+from transformer_lib.sampling import filter_logits
+
+# --- exercise 1: nucleus sampling
+
+
+def top_p(logits, p):
+    return filter_logits(logits, top_p=p)
+
+
+def top_p32(logits, p):
+    return filter_logits(logits.float(), top_p=p)
+
+
+def crossing_token_dropped(logits, p):
+    probs, order = logits.softmax(-1).sort(dim=-1, descending=True)
+    outside = probs.cumsum(-1) > p
+    return logits.masked_fill(outside.scatter(-1, order, outside), float("-inf"))
+
+
+def order_not_mapped_back(logits, p):
+    probs, order = logits.softmax(-1).sort(dim=-1, descending=True)
+    outside = probs.cumsum(-1) - probs >= p
+    return logits.masked_fill(outside, float("-inf"))                     # sorted order used as vocabulary order
+
+
+def least_probable_first(logits, p):
+    probs, order = logits.softmax(-1).sort(dim=-1)
+    outside = probs.cumsum(-1) - probs >= p
+    return logits.masked_fill(outside.scatter(-1, order, outside), float("-inf"))
+
+
+@pytest.mark.parametrize("answer", [top_p, top_p32])
+def test_top_p_accepts_correct_answers(answer, capsys):
+    check_top_p(answer)
+    assert "check_top_p" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, words", [(crossing_token_dropped, "makes the sum reach p must be kept"),
+                                           (order_not_mapped_back, "wrong tokens are kept"),
+                                           (least_probable_first, "least probable token is kept")])
+def test_top_p_names_mistakes(answer, words):
+    with pytest.raises(AssertionError, match=words):
+        check_top_p(answer)
+
+
+# --- exercise 2: bits per byte
+
+
+def bits_per_byte(nats_per_token, tokens_per_byte):
+    return nats_per_token * tokens_per_byte / math.log(2)
+
+
+def bits_per_byte32(nats_per_token, tokens_per_byte):
+    return torch.tensor(nats_per_token, dtype=torch.float32) * tokens_per_byte / math.log(2)
+
+
+def nats_not_bits(nats_per_token, tokens_per_byte):
+    return nats_per_token * tokens_per_byte
+
+
+def per_token_not_per_byte(nats_per_token, tokens_per_byte):
+    return nats_per_token / math.log(2)
+
+
+def divided_by_tokens_per_byte(nats_per_token, tokens_per_byte):
+    return nats_per_token / tokens_per_byte / math.log(2)
+
+
+def times_ln2(nats_per_token, tokens_per_byte):
+    return nats_per_token * tokens_per_byte * math.log(2)
+
+
+def log10(nats_per_token, tokens_per_byte):
+    return nats_per_token * tokens_per_byte / math.log(10)
+
+
+@pytest.mark.parametrize("answer", [bits_per_byte, bits_per_byte32])
+def test_bits_per_byte_accepts_correct_answers(answer, capsys):
+    check_bits_per_byte(answer)
+    assert "check_bits_per_byte" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, words", [(nats_not_bits, "nats, not bits"),
+                                           (per_token_not_per_byte, "per token, not per byte"),
+                                           (divided_by_tokens_per_byte, "divided by the tokens per byte"),
+                                           (times_ln2, "multiplied by ln 2"), (log10, "log base 10")])
+def test_bits_per_byte_names_mistakes(answer, words):
+    with pytest.raises(AssertionError, match=words):
+        check_bits_per_byte(answer)
+
+
+def test_bits_per_byte_asks_for_a_number():
+    with pytest.raises(AssertionError, match="return one number"):
+        check_bits_per_byte(lambda loss, per_byte: None)
+
+
+# --- exercise 3: temperature
+
+
+def tempered(logits, temperature):
+    if temperature == 0:
+        return F.one_hot(logits.argmax(-1), logits.size(-1)).to(logits.dtype)
+    return (logits / temperature).softmax(-1)
+
+
+def tempered32(logits, temperature):
+    return tempered(logits.float(), temperature)
+
+
+def tempered_by_powers(logits, temperature):                  # p ** (1 / tau), renormalised: the same distribution
+    if temperature == 0:
+        return tempered(logits, 0)
+    q = logits.softmax(-1) ** (1 / temperature)
+    return q / q.sum(-1, keepdim=True)
+
+
+def divided_probabilities(logits, temperature):
+    return logits.softmax(-1) / temperature if temperature else tempered(logits, 0)
+
+
+def divided_probabilities_renormalised(logits, temperature):
+    if temperature == 0:
+        return tempered(logits, 0)
+    q = logits.softmax(-1) / temperature
+    return q / q.sum(-1, keepdim=True)
+
+
+def multiplied_logits(logits, temperature):
+    return (logits * temperature).softmax(-1) if temperature else tempered(logits, 0)
+
+
+def batch_axis(logits, temperature):
+    return (logits / temperature).softmax(0) if temperature else tempered(logits, 0)
+
+
+def nan_at_zero(logits, temperature):
+    return (logits / temperature).softmax(-1)
+
+
+def log_probabilities(logits, temperature):
+    return (logits / temperature).log_softmax(-1) if temperature else tempered(logits, 0)
+
+
+@pytest.mark.parametrize("answer", [tempered, tempered32, tempered_by_powers])
+def test_temperature_accepts_correct_answers(answer, capsys):
+    check_temperature(answer)
+    assert "check_temperature" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, words", [(divided_probabilities, "divided the probabilities"),
+                                           (divided_probabilities_renormalised, "changes nothing"),
+                                           (multiplied_logits, "multiplied the logits"),
+                                           (batch_axis, "batch axis"), (nan_at_zero, "greedy"),
+                                           (log_probabilities, "not log-probabilities")])
+def test_temperature_names_mistakes(answer, words):
+    with pytest.raises(AssertionError, match=words):
+        check_temperature(answer)
+
+
+# --- exercise 4: memory of the KV cache
+
+
+def kv_cache_bytes(L, d, h, t, dtype_bytes, batch):
+    return 2 * L * d * t * dtype_bytes * batch
+
+
+def kv_cache_bytes_per_head(L, d, h, t, dtype_bytes, batch):       # (B, h, t, d_k) keys and values: a float
+    return 2 * L * batch * h * t * (d / h) * dtype_bytes
+
+
+def keys_only(L, d, h, t, dtype_bytes, batch):
+    return L * d * t * dtype_bytes * batch
+
+
+def heads_twice(L, d, h, t, dtype_bytes, batch):
+    return 2 * L * h * d * t * dtype_bytes * batch
+
+
+def in_bits(L, d, h, t, dtype_bytes, batch):
+    return 2 * L * d * t * 8 * dtype_bytes * batch
+
+
+def one_head(L, d, h, t, dtype_bytes, batch):
+    return 2 * L * (d // h) * t * dtype_bytes * batch
+
+
+def no_batch(L, d, h, t, dtype_bytes, batch):
+    return 2 * L * d * t * dtype_bytes
+
+
+def numbers_not_bytes(L, d, h, t, dtype_bytes, batch):
+    return 2 * L * d * t * batch
+
+
+def queries_too(L, d, h, t, dtype_bytes, batch):
+    return 3 * L * d * t * dtype_bytes * batch
+
+
+@pytest.mark.parametrize("answer", [kv_cache_bytes, kv_cache_bytes_per_head])
+def test_kv_cache_bytes_accepts_correct_answers(answer, capsys):
+    check_kv_cache_bytes(answer)
+    assert "75,497,472" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, words", [(keys_only, r"forgot the values \(factor 2\)"),
+                                           (heads_twice, "counted heads twice"), (in_bits, "bits, not bytes"),
+                                           (one_head, "one head only"), (no_batch, "forgot the batch"),
+                                           (numbers_not_bytes, "numbers, not bytes"), (queries_too, "queries")])
+def test_kv_cache_bytes_names_mistakes(answer, words):
+    with pytest.raises(AssertionError, match=words):
+        check_kv_cache_bytes(answer)
+
+
+def test_kv_cache_bytes_falls_back_to_the_numbers():
+    with pytest.raises(AssertionError, match=r"expected 576,000 bytes"):
+        check_kv_cache_bytes(lambda L, d, h, t, dtype_bytes, batch: 1)

@@ -1,0 +1,239 @@
+"""The graders of Chapter 12's exercises (transformer_lib.exercises.t5): each accepts the reference answer, in
+float64 and float32, and names the typical mistakes."""
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from transformer_lib.exercises.t5 import (
+    check_buckets,
+    check_gated_ffn,
+    check_new_buckets,
+    check_overlapping_patches,
+    gelu_tanh,
+)
+from transformer_lib.t5 import relative_position_bucket
+from transformer_lib.vit import patchify
+
+# --- exercise 1: buckets ---------------------------------------------------------------------------------
+
+def test_check_buckets_accepts_the_reference(capsys):
+    check_buckets(relative_position_bucket)
+    assert "check_buckets: correct" in capsys.readouterr().out
+
+
+def no_direction(relative_position, bidirectional, num_buckets, max_distance):
+    return relative_position_bucket(-relative_position.abs(), bidirectional, num_buckets, max_distance)
+
+
+def no_cap(relative_position, bidirectional, num_buckets, max_distance):
+    n = num_buckets // 2 if bidirectional else num_buckets
+    base = (relative_position > 0).long() * n if bidirectional else torch.zeros_like(relative_position)
+    distance = relative_position.abs() if bidirectional else (-relative_position).clamp(min=0)
+    exact = n // 2
+    far = exact + (torch.log(distance.clamp(min=1).float() / exact) / math.log(max_distance / exact)
+                   * (n - exact)).long()
+    return base + torch.where(distance < exact, distance, far)          # not capped at n - 1
+
+
+def all_exact(relative_position, bidirectional, num_buckets, max_distance):
+    return relative_position.abs().clamp(max=num_buckets - 1)
+
+
+@pytest.mark.parametrize("wrong, words", [(no_direction, "upper half"), (no_cap, "capped at the last bucket"),
+                                          (all_exact, "bucket")])
+def test_check_buckets_names_mistakes(wrong, words):
+    with pytest.raises(AssertionError, match=words):
+        check_buckets(wrong)
+
+
+# --- exercise 2: the gated-GELU FFN --------------------------------------------------------------------
+
+class Gated(nn.Module):
+    def __init__(self, d_model, d_ff, dropout=0.0):
+        super().__init__()
+        self.linear0 = nn.Linear(d_model, d_ff, bias=False)
+        self.linear1 = nn.Linear(d_model, d_ff, bias=False)
+        self.linear2 = nn.Linear(d_ff, d_model, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def hidden(self, x):
+        return gelu_tanh(self.linear0(x)) * self.linear1(x)
+
+    def forward(self, x):
+        return self.linear2(self.dropout(self.hidden(x)))
+
+
+class GeluOnTheWrongBranch(Gated):
+    def hidden(self, x):
+        return self.linear0(x) * gelu_tanh(self.linear1(x))
+
+
+class ExactGelu(Gated):
+    def hidden(self, x):
+        return F.gelu(self.linear0(x)) * self.linear1(x)
+
+
+class ReluGate(Gated):
+    def hidden(self, x):
+        return torch.relu(self.linear0(x)) * self.linear1(x)
+
+
+class NoGate(Gated):
+    def hidden(self, x):
+        return gelu_tanh(self.linear0(x))
+
+
+class GeluAfterProduct(Gated):
+    def hidden(self, x):
+        return gelu_tanh(self.linear0(x) * self.linear1(x))
+
+
+class WithBiases(Gated):
+    def __init__(self, d_model, d_ff):
+        super().__init__(d_model, d_ff)
+        self.linear0 = nn.Linear(d_model, d_ff)
+
+
+class HFNames(nn.Module):
+    def __init__(self, d_model, d_ff):
+        super().__init__()
+        self.wi_0 = nn.Linear(d_model, d_ff, bias=False)
+        self.wi_1 = nn.Linear(d_model, d_ff, bias=False)
+        self.wo = nn.Linear(d_ff, d_model, bias=False)
+
+
+def test_check_gated_ffn_accepts_the_reference(capsys):
+    check_gated_ffn(Gated)
+    check_gated_ffn(Gated(16, 24).float())                                  # float32, another size
+    check_gated_ffn(Gated(8, 12, dropout=0.1))                              # dropout off in eval mode
+    assert capsys.readouterr().out.count("check_gated_ffn: equals") == 3
+
+
+def test_gelu_tanh_is_hugging_faces_gelu_new():
+    # transformers' NewGELUActivation (ACT2FN["gelu_new"], T5DenseGatedActDense's act for "gated-gelu"); the
+    # chapter's solution compares the whole module with T5DenseGatedActDense
+    x = torch.linspace(-6, 6, 101, dtype=torch.float64)
+    gelu_new = 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+    assert (gelu_tanh(x) - gelu_new).abs().max() < 1e-15
+    assert (F.gelu(x) - gelu_new).abs().max() > 1e-4           # the exact GELU is a different function
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (GeluOnTheWrongBranch, "GELU on the wrong branch"), (ExactGelu, "tanh approximation"),
+    (ReluGate, "ReLU instead of GELU"), (NoGate, "no gate"), (GeluAfterProduct, "after the product"),
+    (WithBiases, "no biases"), (HFNames, "linear0")])
+def test_check_gated_ffn_names_mistakes(wrong, words):
+    with pytest.raises(AssertionError, match=words):
+        check_gated_ffn(wrong)
+
+
+# --- exercise 3: untrained buckets of longer inputs ------------------------------------------------------
+
+def new_buckets(train_length, test_length, bidirectional, num_buckets, max_distance):
+    def used(n):
+        offsets = torch.arange(-(n - 1), n if bidirectional else 1)
+        return set(relative_position_bucket(offsets, bidirectional, num_buckets, max_distance).tolist())
+    return sorted(used(test_length) - used(train_length))
+
+
+def off_by_one(train_length, test_length, *rest):
+    return new_buckets(train_length + 1, test_length + 1, *rest)
+
+
+def past_only(train_length, test_length, bidirectional, num_buckets, max_distance):
+    def used(n):
+        return set(relative_position_bucket(torch.arange(-(n - 1), 1), bidirectional, num_buckets,
+                                            max_distance).tolist())
+    return sorted(used(test_length) - used(train_length))
+
+
+def every_test_bucket(train_length, test_length, bidirectional, num_buckets, max_distance):
+    return new_buckets(1, test_length, bidirectional, num_buckets, max_distance) + [0]
+
+
+def new_distances(train_length, test_length, *rest):
+    return list(range(train_length, test_length))
+
+
+def decoder_sees_the_future(train_length, test_length, bidirectional, num_buckets, max_distance):
+    return new_buckets(train_length, test_length, True, num_buckets, max_distance)
+
+
+def test_check_new_buckets_accepts_the_reference(capsys):
+    check_new_buckets(new_buckets)
+    check_new_buckets(lambda *a: torch.tensor(new_buckets(*a), dtype=torch.long))    # a tensor is fine too
+    assert capsys.readouterr().out.count("check_new_buckets: correct") == 2
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (off_by_one, "off by one"), (past_only, "keys after the query are forgotten"),
+    (every_test_bucket, "all the buckets the test sequence uses"), (new_distances, "not their buckets"),
+    (decoder_sees_the_future, "decoder sees only the past")])
+def test_check_new_buckets_names_mistakes(wrong, words):
+    with pytest.raises(AssertionError, match=words):
+        check_new_buckets(wrong)
+
+
+def test_the_chapters_model_meets_one_untrained_decoder_bucket():
+    assert new_buckets(40, 53, True, 16, 64) == []
+    assert new_buckets(32, 40, False, 16, 64) == [14]
+
+
+# --- exercise 4: overlapping patches ---------------------------------------------------------------------
+
+def overlapping(images, p, s):
+    B, C = images.shape[:2]
+    w = images.unfold(2, p, s).unfold(3, p, s)                     # (B, C, rows, cols, p, p)
+    return w.permute(0, 2, 3, 1, 4, 5).reshape(B, w.size(2) * w.size(3), C * p * p)
+
+
+def stride_equals_patch_size(images, p, s):
+    return patchify(images, p)
+
+
+def channels_last(images, p, s):
+    w = images.unfold(2, p, s).unfold(3, p, s)
+    return w.permute(0, 2, 3, 4, 5, 1).reshape(images.size(0), w.size(2) * w.size(3), -1)
+
+
+def column_order(images, p, s):
+    w = images.unfold(2, p, s).unfold(3, p, s)
+    return w.permute(0, 3, 2, 1, 4, 5).reshape(images.size(0), w.size(2) * w.size(3), -1)
+
+
+def transposed_patches(images, p, s):
+    w = images.unfold(2, p, s).unfold(3, p, s)
+    return w.permute(0, 2, 3, 1, 5, 4).reshape(images.size(0), w.size(2) * w.size(3), -1)
+
+
+def shuffled_order(images, p, s):
+    out = overlapping(images, p, s)
+    return out[:, torch.randperm(out.size(1), generator=torch.Generator().manual_seed(1))]
+
+
+def too_few_windows(images, p, s):
+    return overlapping(images, p, s)[:, :-1]
+
+
+def test_check_overlapping_patches_accepts_the_reference(capsys):
+    check_overlapping_patches(overlapping)
+    check_overlapping_patches(lambda images, p, s: overlapping(images.float(), p, s))        # float32
+    check_overlapping_patches(lambda images, p, s: F.unfold(images, p, stride=s).transpose(1, 2))
+    assert capsys.readouterr().out.count("check_overlapping_patches: equal") == 3
+
+
+def test_overlapping_patches_with_stride_p_are_patchify():
+    x = torch.randn(2, 3, 8, 8)
+    assert torch.equal(overlapping(x, 4, 4), patchify(x, 4))
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (stride_equals_patch_size, "stride equals patch size"), (channels_last, "channels last"),
+    (column_order, "wrong patch order"), (transposed_patches, "column by column"),
+    (shuffled_order, "wrong order"), (too_few_windows, "expected 3 rows")])
+def test_check_overlapping_patches_names_mistakes(wrong, words):
+    with pytest.raises(AssertionError, match=words):
+        check_overlapping_patches(wrong)

@@ -1,0 +1,275 @@
+"""The graders of Chapter 13's exercises (transformer_lib.exercises.distributed): each accepts the reference
+answer, in float64 and float32 where tensors are involved, and names the typical mistakes."""
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data.distributed import DistributedSampler
+
+from transformer_lib.distributed import StepSampler, rng_state, set_rng_state
+from transformer_lib.exercises.distributed import (
+    check_accumulate,
+    check_rank_indices,
+    check_rng_restore,
+    check_token_mean_loss,
+)
+
+# --- exercise 1: which examples each rank reads -----------------------------------------------------------
+
+
+def rank_indices(perm, step, rank, world_size, global_batch):
+    if global_batch % world_size:
+        raise ValueError(f"global_batch must be divisible by world_size={world_size}, got {global_batch}")
+    b = global_batch // world_size
+    return list(perm[rank::world_size][step * b:(step + 1) * b])
+
+
+def contiguous_blocks(perm, step, rank, world_size, global_batch):
+    rank_indices(perm, step, rank, world_size, global_batch)
+    b = global_batch // world_size
+    start = step * global_batch + rank * b
+    return perm[start:start + b]
+
+
+def whole_global_batch(perm, step, rank, world_size, global_batch):
+    rank_indices(perm, step, rank, world_size, global_batch)
+    return perm[rank::world_size][step * global_batch:(step + 1) * global_batch]
+
+
+def step_ignored(perm, step, rank, world_size, global_batch):
+    return rank_indices(perm, 0, rank, world_size, global_batch)
+
+
+def positions_not_examples(perm, step, rank, world_size, global_batch):
+    return rank_indices(list(range(len(perm))), step, rank, world_size, global_batch)
+
+
+def silently_truncated(perm, step, rank, world_size, global_batch):
+    b = global_batch // world_size                              # 30 // 4 = 7: two examples lost per step
+    return list(perm[rank::world_size][step * b:(step + 1) * b])
+
+
+def type_error_for_indivisible(perm, step, rank, world_size, global_batch):
+    if global_batch % world_size:
+        raise TypeError("no")
+    return rank_indices(perm, step, rank, world_size, global_batch)
+
+
+def test_check_rank_indices_accepts_the_reference(capsys):
+    check_rank_indices(rank_indices)
+    check_rank_indices(lambda *a: torch.tensor(rank_indices(*a)))           # a tensor of indices is fine too
+    assert capsys.readouterr().out.count("check_rank_indices: correct") == 2
+
+
+def test_reference_is_step_sampler():
+    perm = list(DistributedSampler(range(200), num_replicas=1, rank=0, shuffle=True, seed=3, drop_last=True))
+    for world_size, batch in ((2, 16), (4, 32)):
+        for step in (0, 2, 5):
+            for rank in range(world_size):
+                want = StepSampler(200, batch, rank, world_size, seed=3).indices(step)
+                assert rank_indices(perm, step, rank, world_size, batch) == want
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (contiguous_blocks, "contiguous block"), (whole_global_batch, "not the whole global batch"),
+    (step_ignored, "step is ignored"), (positions_not_examples, "positions in the permutation"),
+    (silently_truncated, "must raise a ValueError"), (type_error_for_indivisible, "raised TypeError")])
+def test_check_rank_indices_names_mistakes(wrong, words):
+    with pytest.raises(AssertionError, match=words):
+        check_rank_indices(wrong)
+
+
+# --- exercise 2 (bug hunt): the loss each rank differentiates -----------------------------------------------
+
+def token_mean_loss(loss_sum, n_local, n_global, world_size):
+    return loss_sum * world_size / n_global
+
+
+def per_rank_mean(loss_sum, n_local, n_global, world_size):          # the bug of the exercise
+    return loss_sum / n_local
+
+
+def forgot_world_size(loss_sum, n_local, n_global, world_size):
+    return loss_sum / n_global
+
+
+def plain_sum(loss_sum, n_local, n_global, world_size):
+    return loss_sum
+
+
+def per_rank_mean_times_world_size(loss_sum, n_local, n_global, world_size):
+    return loss_sum * world_size / n_local
+
+
+def detached(loss_sum, n_local, n_global, world_size):
+    return loss_sum.detach() * world_size / n_global
+
+
+def test_check_token_mean_loss_accepts_the_reference(capsys):
+    check_token_mean_loss(token_mean_loss)
+    check_token_mean_loss(token_mean_loss, dtype=torch.float32)
+    assert capsys.readouterr().out.count("check_token_mean_loss: 2 and 4") == 2
+
+
+def test_library_token_mean_loss_passes():
+    from transformer_lib.distributed import token_mean_loss as library
+    check_token_mean_loss(lambda s, n, N, W: library(s, N, W))
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (per_rank_mean, "per-rank mean: ranks with fewer tokens weigh more"), (forgot_world_size, "world_size times too small"),
+    (plain_sum, "not normalised"), (per_rank_mean_times_world_size, "per-rank mean times world_size"),
+    (detached, "scalar tensor computed from loss_sum")])
+def test_check_token_mean_loss_names_mistakes(wrong, words):
+    with pytest.raises(AssertionError, match=words):
+        check_token_mean_loss(wrong)
+
+
+def test_per_rank_mean_is_caught_in_float32_too():
+    with pytest.raises(AssertionError, match="per-rank mean"):
+        check_token_mean_loss(per_rank_mean, dtype=torch.float32)
+
+
+# --- exercise 3: gradient accumulation ----------------------------------------------------------------------
+
+def accumulate_step(model, optimizer, loss_fn, micro_batches):
+    for micro_batch in micro_batches:
+        (loss_fn(model, micro_batch) / len(micro_batches)).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def zero_first(model, optimizer, loss_fn, micro_batches):        # zeroing before accumulating is as good
+    optimizer.zero_grad()
+    for micro_batch in micro_batches:
+        (loss_fn(model, micro_batch) / len(micro_batches)).backward()
+    optimizer.step()
+
+
+def forgot_to_divide(model, optimizer, loss_fn, micro_batches):
+    for micro_batch in micro_batches:
+        loss_fn(model, micro_batch).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def zeroed_between(model, optimizer, loss_fn, micro_batches):
+    for micro_batch in micro_batches:
+        optimizer.zero_grad()
+        (loss_fn(model, micro_batch) / len(micro_batches)).backward()
+    optimizer.step()
+
+
+def stepped_every_micro_batch(model, optimizer, loss_fn, micro_batches):
+    for micro_batch in micro_batches:
+        (loss_fn(model, micro_batch) / len(micro_batches)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def never_zeroed(model, optimizer, loss_fn, micro_batches):
+    for micro_batch in micro_batches:
+        (loss_fn(model, micro_batch) / len(micro_batches)).backward()
+    optimizer.step()
+
+
+def no_step(model, optimizer, loss_fn, micro_batches):
+    for micro_batch in micro_batches:
+        (loss_fn(model, micro_batch) / len(micro_batches)).backward()
+    optimizer.zero_grad()
+
+
+def test_check_accumulate_accepts_the_reference(capsys):
+    check_accumulate(accumulate_step)
+    check_accumulate(zero_first)
+    check_accumulate(accumulate_step, dtype=torch.float32)
+    assert capsys.readouterr().out.count("check_accumulate: 4 accumulated") == 3
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (forgot_to_divide, "forgot to divide"), (zeroed_between, "zeroed grads between micro-batches"),
+    (stepped_every_micro_batch, "stepped every micro-batch"), (never_zeroed, "carried over"),
+    (no_step, "did not change")])
+def test_check_accumulate_names_mistakes(wrong, words):
+    with pytest.raises(AssertionError, match=words):
+        check_accumulate(wrong)
+
+
+def test_check_accumulate_names_mistakes_in_float32():
+    with pytest.raises(AssertionError, match="forgot to divide"):
+        check_accumulate(forgot_to_divide, dtype=torch.float32)
+
+
+# --- exercise 4: the random generators a resumed run needs ---------------------------------------------------
+
+def save_generators():
+    _, key, pos, has_gauss, gauss = np.random.get_state()
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "python": random.getstate(),
+            "numpy": {"key": torch.from_numpy(key.astype(np.int64)), "pos": pos, "has_gauss": has_gauss,
+                      "gauss": gauss}}
+
+
+def restore_generators(state, skip=()):
+    if "torch" not in skip:
+        torch.set_rng_state(state["torch"])
+    if state["cuda"] and "cuda" not in skip:
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "python" not in skip:
+        random.setstate(state["python"])
+    if "numpy" not in skip:
+        n = state["numpy"]
+        np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+
+
+def forgot_the_cpu_generator(state):
+    restore_generators(state, skip=("torch",))
+
+
+def forgot_python(state):
+    restore_generators(state, skip=("python",))
+
+
+def forgot_numpy(state):
+    restore_generators(state, skip=("numpy",))
+
+
+def reseeds(state):
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+
+
+def numpy_array_state():
+    return {**save_generators(), "numpy": np.random.get_state()}
+
+
+def test_check_rng_restore_accepts_the_reference(capsys):
+    check_rng_restore(save_generators, restore_generators)
+    check_rng_restore(rng_state, set_rng_state)
+    assert capsys.readouterr().out.count("check_rng_restore: after the restore") == 2
+
+
+def test_check_rng_restore_leaves_the_callers_generators_alone():
+    torch.manual_seed(5)
+    random.seed(5)
+    np.random.seed(5)
+    want = (torch.rand(3), random.random(), np.random.rand())
+    torch.manual_seed(5)
+    random.seed(5)
+    np.random.seed(5)
+    check_rng_restore(save_generators, restore_generators)
+    assert torch.equal(torch.rand(3), want[0]) and random.random() == want[1] and np.random.rand() == want[2]
+
+
+@pytest.mark.parametrize("save, restore, words", [
+    (save_generators, forgot_the_cpu_generator, "forgot the CPU generator"),
+    (save_generators, forgot_python, "forgot Python's generator"),
+    (save_generators, forgot_numpy, "forgot NumPy's generator"),
+    (save_generators, reseeds, "re-seeds"),
+    (numpy_array_state, restore_generators, "weights_only=True")])
+def test_check_rng_restore_names_mistakes(save, restore, words):
+    with pytest.raises(AssertionError, match=words):
+        check_rng_restore(save, restore)
