@@ -19,6 +19,15 @@ def import_hf(name: str = "transformers"):
     return pytest.importorskip(name)
 
 
+def hf(build):
+    """A Hugging Face model in float64 and eval, built from a config with no network (skipped locally when
+    transformers is missing)."""
+    transformers = import_hf("transformers")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        return build(transformers).double().eval()
+
+
 def randomize(module, seed, std=0.3):
     """Random values for every parameter, LayerNorm gains and biases included, so that all of them matter
     when a module is compared with PyTorch's."""

@@ -17,12 +17,13 @@ import random
 import pytest
 import torch
 import torch.nn as nn
-from helpers import OK, err, table_tests
+from helpers import OK, err, hf, table_tests
 
 import transformer_lib.bert as brt
 import transformer_lib.classifier as clf
 import transformer_lib.gpt as gpt_mod
 import transformer_lib.sampling as smp
+from transformer_lib.attention import causal_mask
 
 D, H, FF, V, C = 8, 2, 16, 11, 3        # d_model, heads, d_ff, vocabulary, classes of the small models below
 PAD = 0
@@ -424,6 +425,196 @@ PLAIN_CASES = [
     ("predict/1d-tokens", lambda: clf.predict(classifier(), ids(5)), err("tokens", "shape")),
     ("sequence_nll/not-a-gpt", lambda: gpt_mod.sequence_nll(classifier(), ids(6), 4), err("model", "GPT")),
     ("generate/not-a-gpt", lambda: smp.generate(classifier(), ids(2, 3), 2), err("model", "GPT")),
+]
+
+
+# ------------------------------------- BertEmbeddings, init_bert_weights, gpt_block and the Hugging Face bridges
+def bert_embeddings_sum(dt):
+    """token + position + segment vectors, then LayerNorm (eval: no dropout); segment_ids=None is segment A."""
+    torch.manual_seed(0)
+    e = brt.BertEmbeddings(bert_config()).to(dt).eval()
+    t, seg = ids(2, 5), torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 1]])
+    out = e(t, seg)
+    assert out.dtype == dt and out.shape == (2, 5, D)
+    torch.testing.assert_close(out, e.norm(e.token.weight[t] + e.position.weight[:5] + e.segment.weight[seg]))
+    torch.testing.assert_close(e(t), e(t, torch.zeros_like(t)), rtol=0, atol=0)
+
+
+def init_bert_weights_ok():
+    """N(0, std^2) weights, zero biases, a zero padding row; std=0 gives zeros; a module without weights is left alone."""
+    torch.manual_seed(0)
+    emb, lin = nn.Embedding(300, 300, padding_idx=3), nn.Linear(300, 300)
+    for m in (emb, lin, nn.ReLU()):
+        assert brt.init_bert_weights(m) is None
+    assert emb.weight[3].eq(0).all() and lin.bias.eq(0).all()
+    assert abs(lin.weight.std().item() - 0.02) < 1e-3 and abs(emb.weight[4:].std().item() - 0.02) < 1e-3
+    brt.init_bert_weights(lin, std=0.0)
+    assert lin.weight.eq(0).all()
+
+
+def bert_hf_names_ok():
+    """One entry per state_dict key; BertForMaskedLM's body under 'bert.', its head under 'cls.predictions.'."""
+    body = brt.BertModel(bert_config())
+    names = brt.bert_hf_names(body)
+    assert set(names) == set(body.state_dict())
+    assert names["embeddings.token.weight"] == "embeddings.word_embeddings.weight"
+    assert names["encoder.layers.0.self_attn.W_q.bias"] == "encoder.layer.0.attention.self.query.bias"
+    assert "pooler.weight" not in brt.bert_hf_names(brt.BertModel(bert_config(), add_pooler=False))
+    mlm = brt.BertForMaskedLM(bert_config())
+    names = brt.bert_hf_names(mlm)
+    assert set(names) == set(mlm.state_dict())
+    assert all(v.startswith(("bert.", "cls.predictions.")) for v in names.values())
+
+
+def gpt2_hf_names_ok():
+    """One entry per state_dict key; W_q, W_k, W_v are the three slices of c_attn, Conv1D weights transposed."""
+    model = gpt()
+    names = gpt_mod.gpt2_hf_names(model)
+    assert set(names) == set(model.state_dict())
+    assert names["token.weight"] == "transformer.wte.weight"
+    k = names["blocks.1.self_attn.W_k.weight"]
+    assert (k.key, k.part, k.axis, k.transposed) == ("transformer.h.1.attn.c_attn.weight", (1, 3), 1, True)
+
+
+def gpt_block_ok(dt):
+    """Pre-norm, GPT-2's epsilon, no cross-attention, tanh GELU; under the causal mask a later token changes
+    nothing before it."""
+    config = gpt_mod.GPTConfig(vocab_size=V, max_len=8, d_model=D, num_layers=1, num_heads=H, d_ff=FF, dropout=0.0,
+                               eps=1e-3)
+    torch.manual_seed(0)
+    block = gpt_mod.gpt_block(config).to(dt).eval()
+    assert block.cross_attn is None and block.sublayer1.norm.eps == 1e-3
+    x = rand(1, 4, D, dt=dt)
+    y = x.clone()
+    y[:, 3] += 1.0
+    mask = causal_mask(4)[None, None]
+    a, b = block(x, tgt_mask=mask), block(y, tgt_mask=mask)
+    torch.testing.assert_close(a[:, :3], b[:, :3], rtol=0, atol=0)
+    assert not torch.equal(a[:, 3], b[:, 3])
+    with torch.no_grad():                                        # pre-norm: x + attn(norm(x)) + ffn(norm(.))
+        h = x + block.self_attn(*[block.sublayer1.norm(x)] * 3, mask)[0]
+        want = h + block.feed_forward(block.sublayer2.norm(h))
+    torch.testing.assert_close(a, want)
+
+
+def _hf_bert_config(t):
+    return t.BertConfig(vocab_size=V, hidden_size=D, num_hidden_layers=1, num_attention_heads=H, intermediate_size=FF,
+                        max_position_embeddings=8, attn_implementation="eager")
+
+
+def _hf_gpt2_config(t, n_embd=D):
+    return t.GPT2Config(vocab_size=V, n_positions=8, n_embd=n_embd, n_layer=1, n_head=H, n_inner=FF, bos_token_id=1,
+                        eos_token_id=2, attn_implementation="eager")
+
+
+def hf_bert(t):
+    return t.BertModel(_hf_bert_config(t))
+
+
+def hf_bert_mlm(t):
+    return t.BertForMaskedLM(_hf_bert_config(t))
+
+
+def hf_gpt2(t):
+    return t.GPT2LMHeadModel(_hf_gpt2_config(t))
+
+
+def same_state(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def to_hf_bert_ok(cls):
+    """to_hf_bert writes ours into theirs in place and returns it: loading it back gives our weights, and a
+    BertModel's hidden states equal ours."""
+    theirs = hf(hf_bert if cls is brt.BertModel else hf_bert_mlm)
+    torch.manual_seed(1)
+    ours = cls(brt.BertConfig.from_hf(theirs.config)).double().eval()
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    assert brt.to_hf_bert(ours, theirs) is theirs
+    same_state(brt.load_hf_bert(cls(brt.BertConfig.from_hf(theirs.config)).double(), theirs), ours)
+    if cls is brt.BertModel:
+        x = ids(2, 5)
+        with torch.no_grad():
+            torch.testing.assert_close(theirs(input_ids=x).last_hidden_state, ours(x), rtol=0, atol=1e-10)
+
+
+def to_hf_gpt2_ok():
+    """to_hf_gpt2 returns hf_model with our weights, its lm_head still tied to wte, and its logits equal ours."""
+    theirs = hf(hf_gpt2)
+    torch.manual_seed(1)
+    ours = gpt_mod.GPT(gpt_mod.GPTConfig.from_hf(theirs.config)).double().eval()
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    assert gpt_mod.to_hf_gpt2(ours, theirs) is theirs
+    assert theirs.lm_head.weight.data_ptr() == theirs.transformer.wte.weight.data_ptr()
+    x = ids(2, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(input_ids=x).logits, ours(x), rtol=0, atol=1e-10)
+
+
+def bert(cls=brt.BertModel, **kw):
+    return cls(bert_config(**kw)).eval()
+
+
+TENSOR_CASES += [
+    ("BertEmbeddings/ok-sum-of-three-tables", bert_embeddings_sum, OK),
+    ("BertEmbeddings/float-tokens", lambda dt: brt.BertEmbeddings(bert_config())(torch.ones(2, 3, dtype=dt)), err("tokens", INTEGER)),
+    ("BertEmbeddings/float-segment_ids", lambda dt: brt.BertEmbeddings(bert_config())(ids(2, 3), torch.zeros(2, 3, dtype=dt)), err("segment_ids", INTEGER)),
+    ("BertEmbeddings/ok-S=0", lambda dt: shape_is(brt.BertEmbeddings(bert_config()).to(dt)(torch.zeros(2, 0, dtype=torch.long)), 2, 0, D), OK),
+    ("gpt_block/ok-pre-norm-causal", gpt_block_ok, OK),
+]
+
+PLAIN_CASES += [
+    # --- BertEmbeddings
+    ("BertEmbeddings/config-dict", lambda: brt.BertEmbeddings({"d_model": D}), err("config", "BertConfig")),
+    ("BertEmbeddings/config-None", lambda: brt.BertEmbeddings(None), err("config", "BertConfig")),
+    ("BertEmbeddings/config-GPTConfig", lambda: brt.BertEmbeddings(gpt_mod.GPTConfig(vocab_size=V, max_len=8, d_model=D, num_layers=1, num_heads=H, d_ff=FF)), err("config", "BertConfig")),
+    ("BertEmbeddings/tokens-1d", lambda: brt.BertEmbeddings(bert_config())(ids(5)), err("tokens", "shape")),
+    ("BertEmbeddings/tokens-list", lambda: brt.BertEmbeddings(bert_config())([[1, 2]]), err("tokens", "tensor")),
+    ("BertEmbeddings/S>max_len", lambda: brt.BertEmbeddings(bert_config())(ids(1, 9)), err("tokens", "max_len=8")),
+    ("BertEmbeddings/tokens>=V", lambda: brt.BertEmbeddings(bert_config())(ids(2, 3) + V), err("tokens", VOCAB)),
+    ("BertEmbeddings/tokens<0", lambda: brt.BertEmbeddings(bert_config())(-ids(2, 3)), err("tokens", VOCAB)),
+    ("BertEmbeddings/segment_ids>=type_vocab_size", lambda: brt.BertEmbeddings(bert_config())(ids(2, 3), torch.full((2, 3), 2)), err("segment_ids", VOCAB)),
+    ("BertEmbeddings/segment_ids-wrong-shape", lambda: brt.BertEmbeddings(bert_config())(ids(2, 3), torch.zeros(2, 4, dtype=torch.long)), err("segment_ids", "shape")),
+    ("BertEmbeddings/segment_ids-list", lambda: brt.BertEmbeddings(bert_config())(ids(2, 3), [[0, 0, 0]] * 2), err("segment_ids", "shape")),
+    # --- init_bert_weights
+    ("init_bert_weights/module-str", lambda: brt.init_bert_weights("linear"), err("module", "nn.Module")),
+    ("init_bert_weights/module-tensor", lambda: brt.init_bert_weights(torch.ones(2, 2)), err("module", "nn.Module")),
+    *[(f"init_bert_weights/std={v!r}", functools.partial(lambda v: brt.init_bert_weights(nn.Linear(2, 2), std=v), v), err("std", r"\[0, inf\)|number"))
+      for v in (-0.02, math.nan, math.inf, "0.02", True, None)],
+    ("init_bert_weights/ok", init_bert_weights_ok, OK),
+    # --- bert_hf_names, to_hf_bert
+    ("bert_hf_names/model-GPT", lambda: brt.bert_hf_names(shared_gpt(torch.float64)), err("model", "BertModel or BertForMaskedLM")),
+    ("bert_hf_names/model-BertClassifier", lambda: brt.bert_hf_names(brt.BertClassifier(bert_config(), 2)), err("model", "BertModel or BertForMaskedLM")),
+    ("bert_hf_names/model-None", lambda: brt.bert_hf_names(None), err("model", "BertModel")),
+    ("bert_hf_names/ok", bert_hf_names_ok, OK),
+    ("to_hf_bert/model-GPT", lambda: brt.to_hf_bert(shared_gpt(torch.float64), bert()), err("model", "BertModel or BertForMaskedLM")),
+    ("to_hf_bert/hf_model-str", lambda: brt.to_hf_bert(bert(), "bert-base-uncased"), err("hf_model", "nn.Module")),
+    ("to_hf_bert/hf_model-None", lambda: brt.to_hf_bert(bert(), None), err("hf_model", "nn.Module")),
+    ("to_hf_bert/hf_model-our-GPT", lambda: brt.to_hf_bert(bert(), shared_gpt(torch.float64)), err("hf_model", "word_embeddings.*BertConfig.from_hf")),
+    ("to_hf_bert/hf_model-GPT2", lambda: brt.to_hf_bert(bert(), hf(hf_gpt2)), err("hf_model", "word_embeddings.*BertConfig.from_hf")),
+    ("to_hf_bert/mlm-into-BertModel", lambda: brt.to_hf_bert(brt.BertForMaskedLM(brt.BertConfig.from_hf(hf(hf_bert).config)).double(), hf(hf_bert)), err("hf_model", "BertConfig.from_hf")),
+    ("to_hf_bert/other-sizes", lambda: brt.to_hf_bert(bert(d_ff=2 * FF).double(), hf(hf_bert)), err("hf_model", "shape")),
+    ("to_hf_bert/ok-BertModel", lambda: to_hf_bert_ok(brt.BertModel), OK),
+    ("to_hf_bert/ok-BertForMaskedLM", lambda: to_hf_bert_ok(brt.BertForMaskedLM), OK),
+    # --- gpt_block, gpt2_hf_names, to_hf_gpt2
+    ("gpt_block/config-dict", lambda: gpt_mod.gpt_block({"d_model": D, "num_heads": H}), err("config", "GPTConfig")),
+    ("gpt_block/config-BertConfig", lambda: gpt_mod.gpt_block(bert_config()), err("config", "GPTConfig")),
+    ("gpt_block/config-None", lambda: gpt_mod.gpt_block(None), err("config", "GPTConfig")),
+    ("gpt2_hf_names/model-BertModel", lambda: gpt_mod.gpt2_hf_names(bert()), err("model", "GPT")),
+    ("gpt2_hf_names/model-None", lambda: gpt_mod.gpt2_hf_names(None), err("model", "GPT")),
+    ("gpt2_hf_names/ok", gpt2_hf_names_ok, OK),
+    ("to_hf_gpt2/model-BertModel", lambda: gpt_mod.to_hf_gpt2(bert(), shared_gpt(torch.float64)), err("model", "GPT")),
+    ("to_hf_gpt2/hf_model-str", lambda: gpt_mod.to_hf_gpt2(shared_gpt(torch.float64), "gpt2"), err("hf_model", "nn.Module")),
+    ("to_hf_gpt2/hf_model-our-BertModel", lambda: gpt_mod.to_hf_gpt2(shared_gpt(torch.float64), bert()), err("hf_model", "transformer.wte.*GPTConfig.from_hf")),
+    ("to_hf_gpt2/hf_model-BertModel", lambda: gpt_mod.to_hf_gpt2(gpt(), hf(hf_bert)), err("hf_model", "transformer.wte.*GPTConfig.from_hf")),
+    ("to_hf_gpt2/hf_model-GPT2Model-no-head", lambda: gpt_mod.to_hf_gpt2(gpt(), hf(lambda t: t.GPT2Model(_hf_gpt2_config(t)))), err("hf_model", "transformer.wte")),
+    ("to_hf_gpt2/other-width", lambda: gpt_mod.to_hf_gpt2(gpt(), hf(lambda t: t.GPT2LMHeadModel(_hf_gpt2_config(t, n_embd=2 * D)))), err("hf_model", "shape")),
+    ("to_hf_gpt2/ok", to_hf_gpt2_ok, OK),
 ]
 
 

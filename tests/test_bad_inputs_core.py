@@ -200,4 +200,65 @@ PLAIN_CASES = [
 ]
 
 
+# ------------------------------------------------- complexity: transformer_params, count_flops, median_time
+def params_equal_model(tgt_vocab=10, **kw):
+    """transformer_params(config) == the parameters of Transformer(config): tied or not, with or without final norms."""
+    from transformer_lib.model import Transformer
+    config = TransformerConfig(10, tgt_vocab, d_model=8, num_heads=2, d_ff=16, num_encoder_layers=2, num_decoder_layers=1, **kw)
+    want = sum(p.numel() for p in Transformer(config).parameters())
+    assert cx.transformer_params(config) == want, (kw, cx.transformer_params(config), want)
+
+
+def count_flops_products(dt):
+    """Two flops per multiply-add: (4, 5) @ (5, 3) is 120, a Linear(8, 16) on 3 rows 768 (its bias is not
+    counted), and a function without products 0."""
+    assert cx.count_flops(torch.matmul, rand(4, 5, dt=dt), rand(5, 3, dt=dt)) == 2 * 4 * 5 * 3
+    assert cx.count_flops(nn.Linear(8, 16).to(dt), rand(3, 8, dt=dt)) == 2 * 3 * 8 * 16
+    assert cx.count_flops(torch.relu, rand(3, 8, dt=dt)) == 0
+    assert cx.count_flops(lambda x, *, y: x @ y, rand(2, 3, dt=dt), y=rand(3, 2, dt=dt)) == 2 * 2 * 3 * 2
+
+
+def median_time_calls():
+    """fn runs warmup + repeats times; the result is the median of the timed calls, a float >= 0."""
+    calls = []
+    t = cx.median_time(lambda: calls.append(1), repeats=3, warmup=2)
+    assert len(calls) == 5 and isinstance(t, float) and t >= 0
+
+
+def median_time_is_median():
+    """With a clock that gives the three timed calls 1, 5 and 2 seconds, the median is 2 (not the mean)."""
+    ticks = iter([0.0, 1.0, 10.0, 15.0, 20.0, 22.0])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cx.time, "perf_counter", lambda: next(ticks))
+        assert cx.median_time(lambda: None, repeats=3, warmup=0) == 2.0
+
+
+TENSOR_CASES += [
+    ("count_flops/ok-products-counted", count_flops_products, OK),
+]
+
+PLAIN_CASES += [
+    ("transformer_params/config-None", lambda: cx.transformer_params(None), err("config", "TransformerConfig")),
+    ("transformer_params/config-dict", lambda: cx.transformer_params({"d_model": 8}), err("config", "TransformerConfig")),
+    ("transformer_params/config-model", lambda: cx.transformer_params(nn.Linear(2, 2)), err("config", "TransformerConfig")),
+    ("transformer_params/ok-tied", lambda: params_equal_model(), OK),
+    ("transformer_params/ok-untied", lambda: params_equal_model(12, tie_embeddings=False), OK),
+    ("transformer_params/ok-no-final-norm", lambda: params_equal_model(final_norm=False), OK),
+    ("transformer_params/ok-base-closed-form", lambda: None if cx.transformer_params(TransformerConfig(37000, 37000, d_model=512, num_heads=8, d_ff=2048)) == 63_084_544 else pytest.fail("base"), OK),
+    ("count_flops/fn-int", lambda: cx.count_flops(3), err("fn", "callable")),
+    ("count_flops/fn-tensor", lambda: cx.count_flops(torch.ones(2, 2), torch.ones(2, 2)), err("fn", "callable")),
+    ("count_flops/fn-None", lambda: cx.count_flops(None), err("fn", "callable")),
+    ("median_time/fn-str", lambda: cx.median_time("f"), err("fn", "callable")),
+    ("median_time/repeats=0", lambda: cx.median_time(lambda: None, repeats=0), err("repeats", INT)),
+    ("median_time/repeats=-1", lambda: cx.median_time(lambda: None, repeats=-1), err("repeats", INT)),
+    ("median_time/repeats-bool", lambda: cx.median_time(lambda: None, repeats=True), err("repeats", INT)),
+    ("median_time/repeats-float", lambda: cx.median_time(lambda: None, repeats=3.0), err("repeats", INT)),
+    ("median_time/warmup=-1", lambda: cx.median_time(lambda: None, warmup=-1), err("warmup", INT)),
+    ("median_time/warmup-float", lambda: cx.median_time(lambda: None, warmup=0.5), err("warmup", INT)),
+    ("median_time/ok-calls-counted", median_time_calls, OK),
+    ("median_time/ok-median-not-mean", median_time_is_median, OK),
+    ("median_time/ok-warmup=0", lambda: None if cx.median_time(lambda: None, repeats=1, warmup=0) >= 0 else pytest.fail("time"), OK),
+]
+
+
 test_case_ids_unique, test_tensor_case, test_plain_case = table_tests(TENSOR_CASES, PLAIN_CASES)

@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 import torch.nn as nn
-from helpers import OK, err, table_tests
+from helpers import OK, err, hf, table_tests
 from test_bad_inputs import t5_config, vit_config  # the same tiny models (D, H, FF, V as here)
 
 import transformer_lib.distributed as dst
@@ -338,6 +338,322 @@ PLAIN_CASES = [
     ("restore/restore_rng-str", in_tmp(lambda p: dst.restore_training_state(dst.load_training_state(_write(p)[0]), _parts()[0], restore_rng="no")), err("restore_rng", "True or False")),
     ("restore/rank-without-generators", in_tmp(rank_missing), err("rank", "none for rank 3")),
     ("restore/model-not-state_dict", lambda: dst.restore_training_state({**dst.training_state(*_parts(), 0), "state_dict": [1]}, _parts()[0]), err("state_dict", "state_dict")),
+]
+
+
+# -------------------------------------------------------------------------- the Hugging Face bridges of t5, vit
+def hf_t5(t, d_ff=FF):
+    return t.T5ForConditionalGeneration(t.T5Config(
+        vocab_size=V, d_model=D, d_kv=D // H, num_heads=H, d_ff=d_ff, num_layers=1, num_decoder_layers=1,
+        relative_attention_num_buckets=8, relative_attention_max_distance=16, feed_forward_proj="relu",
+        tie_word_embeddings=True, attn_implementation="eager"))
+
+
+# Their T5LayerNorm takes its statistic in float32 (and older releases their softmax): equal to ours within 1e-5
+# in float64, where a wrong weight is off by far more (tests/test_t5.py gets 1e-10 by patching their norm).
+HF_ATOL = 1e-5
+
+
+def _hf_vit_config(t, num_labels=3):
+    return t.ViTConfig(image_size=4, patch_size=2, num_channels=1, hidden_size=D, num_hidden_layers=1,
+                       num_attention_heads=H, intermediate_size=FF, num_labels=num_labels)
+
+
+def hf_vit(t):
+    return t.ViTForImageClassification(_hf_vit_config(t))
+
+
+def hf_gpt2(t):
+    return t.GPT2LMHeadModel(t.GPT2Config(vocab_size=V, n_positions=8, n_embd=D, n_layer=1, n_head=H, n_inner=FF,
+                                          bos_token_id=1, eos_token_id=2))
+
+
+def perturbed(model, seed=1):
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return model.double().eval()
+
+
+def same_state(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def vit(num_classes=3):
+    torch.manual_seed(0)
+    return vit_mod.ViT(vit_config(num_classes=num_classes)).double().eval()
+
+
+def t5_hf_names_ok():
+    """One entry per state_dict key; their layer.j of a block is our sublayer{j + 1}."""
+    model = t5(torch.float64)
+    names = t5_mod.t5_hf_names(model)
+    assert set(names) == set(model.state_dict())
+    assert names["encoder.layers.0.sublayer2.norm.weight"] == "encoder.block.0.layer.1.layer_norm.weight"
+    assert names["decoder.layers.0.cross_attn.W_k.weight"] == "decoder.block.0.layer.1.EncDecAttention.k.weight"
+    assert names["decoder.layers.0.feed_forward.linear2.weight"] == "decoder.block.0.layer.2.DenseReluDense.wo.weight"
+
+
+def to_hf_t5_ok():
+    """to_hf_t5 writes ours into theirs in place and returns it: loading it back gives our weights, its logits
+    equal ours."""
+    theirs = hf(hf_t5)
+    ours = perturbed(t5_mod.T5(t5_mod.T5Config.from_hf(theirs.config)))
+    assert t5_mod.to_hf_t5(ours, theirs) is theirs
+    same_state(t5_mod.load_hf_t5(t5_mod.T5(t5_mod.T5Config.from_hf(theirs.config)).double(), theirs), ours)
+    src, tgt = ids(2, 5), ids(2, 4, seed=1)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(input_ids=src, decoder_input_ids=tgt).logits, ours(src, tgt), rtol=0, atol=HF_ATOL)
+
+
+def vit_hf_names_ok():
+    """One entry per state_dict key; a classifier's body under 'vit.', its head 'classifier'; the patch
+    embedding is their Conv2d weight, reshaped."""
+    theirs, ours = hf(hf_vit), vit()
+    names = vit_mod.vit_hf_names(ours, theirs)
+    assert set(names) == set(ours.state_dict())
+    assert names["head.weight"] == "classifier.weight" and names["cls_token"] == "vit.embeddings.cls_token"
+    patch = names["patch_embedding.weight"]
+    assert patch.key == "vit.embeddings.patch_embeddings.projection.weight" and patch.reshaped
+    body = vit_mod.vit_hf_names(vit(num_classes=0), hf(lambda t: t.ViTModel(_hf_vit_config(t), add_pooling_layer=False)))
+    assert body["cls_token"] == "embeddings.cls_token" and "head.weight" not in body
+
+
+def to_hf_vit_ok():
+    theirs = hf(hf_vit)
+    ours = perturbed(vit_mod.ViT(vit_mod.ViTConfig.from_hf(theirs.config, 3)))
+    assert vit_mod.to_hf_vit(ours, theirs) is theirs
+    same_state(vit_mod.load_hf_vit(vit_mod.ViT(vit_mod.ViTConfig.from_hf(theirs.config, 3)).double(), theirs), ours)
+    images = rand(2, 1, 4, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(pixel_values=images).logits, ours(images), rtol=0, atol=HF_ATOL)
+
+
+# ------------------------------------------------------------------------------- distributed, single process
+def step_sampler_split():
+    """Two ranks read, between them, exactly the batch one process reads at each step, across epochs; an epoch
+    of one process reads every example once."""
+    one = dst.StepSampler(12, 4, seed=3)
+    two = [dst.StepSampler(12, 4, rank=r, world_size=2, seed=3) for r in range(2)]
+    assert len(one) == len(two[0]) == 3 and two[0].local_batch == 2
+    for step in range(7):                                        # steps 3..5: epoch 1, step 6: epoch 2
+        assert sorted(two[0].indices(step) + two[1].indices(step)) == sorted(one.indices(step)), step
+    assert sorted(sum((one.indices(j) for j in range(3)), [])) == list(range(12))
+    assert one.indices(3) != one.indices(0) or one.indices(4) != one.indices(1)   # a new epoch: a new order
+
+
+def step_sampler_drops_partial():
+    """10 examples, global batch 4: two steps per epoch, the 2 left over are dropped."""
+    sampler = dst.StepSampler(10, 4)
+    assert len(sampler) == 2 and len(set(sampler.indices(0) + sampler.indices(1))) == 8
+
+
+def draws():
+    import random
+
+    import numpy as np
+    return torch.rand(3), random.random(), float(np.random.rand())
+
+
+def set_rng_state_restores():
+    state = dst.rng_state()
+    first = draws()
+    draws()
+    assert dst.set_rng_state(state) is None
+    again = draws()
+    assert torch.equal(first[0], again[0]) and first[1:] == again[1:]
+
+
+def set_rng_state_after_save(tmp_path):
+    """rng_state() survives torch.save / torch.load(weights_only=True) and restores the same draws."""
+    torch.save(dst.rng_state(), tmp_path / "rng.pt")
+    first = draws()
+    dst.set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
+    again = draws()
+    assert torch.equal(first[0], again[0]) and first[1:] == again[1:]
+
+
+def set_rng_state_atomic():
+    """A state whose NumPy part is broken sets no generator at all (it used to set torch's and Python's first)."""
+    good = dst.rng_state()
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    with pytest.raises(ValueError, match=r"state\['numpy'\]"):
+        dst.set_rng_state({**good, "numpy": {**good["numpy"], "key": good["numpy"]["key"][:10]}})
+    assert torch.equal(torch.get_rng_state(), before), "the torch generator was set by a refused state"
+
+
+def broken_rng(part, value):
+    return lambda: dst.set_rng_state({**dst.rng_state(), part: value})
+
+
+def all_rng_states_ok():
+    states = dst.all_rng_states()
+    assert isinstance(states, list) and len(states) == 1
+    assert set(states[0]) == {"torch", "cuda", "python", "numpy"}
+    first = draws()
+    dst.set_rng_state(states[0])
+    assert torch.equal(draws()[0], first[0])
+
+
+def single_process_helpers():
+    """Without a process group: nothing to leave, not distributed, nothing to wait for."""
+    import torch.distributed as dist
+    assert dst.cleanup_distributed() is None and dst.cleanup_distributed() is None     # twice: still safe
+    assert dst.is_distributed() is False and dst.barrier() is None
+    assert not dist.is_initialized()
+
+
+def unwrap_ok():
+    model = nn.Linear(2, 2)
+    assert dst.unwrap(model) is model
+    seq = nn.Sequential(model)
+    assert dst.unwrap(seq) is seq                                 # only DistributedDataParallel is unwrapped
+
+
+def token_mean_loss_ok(dt):
+    """loss_sum * world_size / n_global, in loss_sum's dtype, with the gradient flowing through."""
+    loss_sum = torch.tensor(6.0, dtype=dt, requires_grad=True)
+    out = dst.token_mean_loss(loss_sum, 4, world_size=2)
+    assert out.dtype == dt and out.item() == 3.0
+    out.backward()
+    assert loss_sum.grad.item() == 0.5
+
+
+# --------------------------------------------------------------------------------------------- build_parser
+def parser_refuses(argv, phrase):
+    """argparse's usage error: exit status 2 and a message naming the option."""
+    import contextlib
+    import io
+    import re
+    text = io.StringIO()
+    with contextlib.redirect_stderr(text), pytest.raises(SystemExit) as exit_:
+        train_script.build_parser().parse_args(argv)
+    assert exit_.value.code == 2 and re.search(phrase, text.getvalue()), text.getvalue()
+
+
+def build_parser_defaults():
+    """Every RUN_ARGUMENTS entry is an option (--batch-size for batch_size), with the documented defaults."""
+    import argparse
+    parser = train_script.build_parser()
+    assert isinstance(parser, argparse.ArgumentParser) and parser.prog == "python -m transformer_lib.train"
+    a = parser.parse_args([])
+    assert set(train_script.RUN_ARGUMENTS) <= set(vars(a))
+    options = {o for action in parser._actions for o in action.option_strings}
+    assert {f"--{n.replace('_', '-')}" for n in train_script.RUN_ARGUMENTS} <= options
+    assert (a.task, a.steps, a.batch_size, a.lr, a.warmup, a.dtype, a.precision, a.checkpoint, a.resume) == (
+        "translate", 300, 64, 2e-3, None, "float32", "fp32", None, False)
+    b = parser.parse_args(["--task", "gpt", "--batch-size", "8", "--resume", "--checkpoint", "x.pt"])
+    assert (b.task, b.batch_size, b.resume, b.checkpoint) == ("gpt", 8, True, "x.pt")
+
+
+TENSOR_CASES += [
+    ("token_mean_loss/ok", token_mean_loss_ok, OK),
+    ("token_mean_loss/int-loss_sum", lambda dt: dst.token_mean_loss(torch.tensor(3), 2), err("loss_sum", "floating-point scalar")),
+    ("token_mean_loss/1d-loss_sum", lambda dt: dst.token_mean_loss(rand(3, dt=dt), 2), err("loss_sum", "scalar")),
+]
+
+PLAIN_CASES += [
+    # --- t5_hf_names, to_hf_t5
+    ("t5_hf_names/model-Linear", lambda: t5_mod.t5_hf_names(nn.Linear(2, 2)), err("model", "T5")),
+    ("t5_hf_names/model-ViT", lambda: t5_mod.t5_hf_names(vit()), err("model", "T5")),
+    ("t5_hf_names/model-None", lambda: t5_mod.t5_hf_names(None), err("model", "T5")),
+    ("t5_hf_names/ok", t5_hf_names_ok, OK),
+    ("to_hf_t5/model-ViT", lambda: t5_mod.to_hf_t5(vit(), t5(torch.float64)), err("model", "T5")),
+    ("to_hf_t5/hf_model-str", lambda: t5_mod.to_hf_t5(t5(torch.float64), "t5-small"), err("hf_model", "T5ForConditionalGeneration")),
+    ("to_hf_t5/hf_model-None", lambda: t5_mod.to_hf_t5(t5(torch.float64), None), err("hf_model", "T5ForConditionalGeneration")),
+    ("to_hf_t5/hf_model-our-T5", lambda: t5_mod.to_hf_t5(t5(torch.float64), t5(torch.float64)), err("hf_model", "T5ForConditionalGeneration")),
+    ("to_hf_t5/hf_model-GPT2LMHeadModel", lambda: t5_mod.to_hf_t5(t5(torch.float64), hf(hf_gpt2)), err("hf_model", "T5ForConditionalGeneration.*got GPT2LMHeadModel")),
+    ("to_hf_t5/hf_model-ViT", lambda: t5_mod.to_hf_t5(t5(torch.float64), hf(hf_vit)), err("hf_model", "T5ForConditionalGeneration")),
+    ("to_hf_t5/other-d_ff", lambda: t5_mod.to_hf_t5(t5(torch.float64), hf(functools.partial(hf_t5, d_ff=2 * FF))), err("hf_model", "shape.*T5Config.from_hf")),
+    ("to_hf_t5/ok", to_hf_t5_ok, OK),
+    # --- vit_hf_names, to_hf_vit
+    ("vit_hf_names/model-T5", lambda: vit_mod.vit_hf_names(t5(torch.float64), hf(hf_vit)), err("model", "ViT")),
+    ("vit_hf_names/model-None", lambda: vit_mod.vit_hf_names(None, nn.Linear(2, 2)), err("model", "ViT")),
+    ("vit_hf_names/hf_model-str", lambda: vit_mod.vit_hf_names(vit(), "google/vit-base"), err("hf_model", "nn.Module")),
+    ("vit_hf_names/ViTModel-into-classifier", lambda: vit_mod.vit_hf_names(vit(), hf(lambda t: t.ViTModel(_hf_vit_config(t)))), err("num_classes", "ViTModel")),
+    ("vit_hf_names/classifier-into-no-head", lambda: vit_mod.vit_hf_names(vit(num_classes=0), hf(hf_vit)), err("num_classes", "ViTForImageClassification")),
+    ("vit_hf_names/ok", vit_hf_names_ok, OK),
+    ("to_hf_vit/model-T5", lambda: vit_mod.to_hf_vit(t5(torch.float64), hf(hf_vit)), err("model", "ViT")),
+    ("to_hf_vit/hf_model-None", lambda: vit_mod.to_hf_vit(vit(), None), err("hf_model", "nn.Module")),
+    ("to_hf_vit/hf_model-T5", lambda: vit_mod.to_hf_vit(vit(), hf(hf_t5)), err("num_classes", "ViTForImageClassification")),
+    ("to_hf_vit/other-num_labels", lambda: vit_mod.to_hf_vit(vit(num_classes=3), hf(lambda t: t.ViTForImageClassification(_hf_vit_config(t, num_labels=4)))), err("hf_model", "shape")),
+    ("to_hf_vit/ok", to_hf_vit_ok, OK),
+    # --- DistributedContext
+    ("DistributedContext/rank-str", lambda: dst.DistributedContext("0", 1, 0, torch.device("cpu")), err("rank", "int")),
+    ("DistributedContext/rank-bool", lambda: dst.DistributedContext(False, 1, 0, torch.device("cpu")), err("rank", "int")),
+    ("DistributedContext/rank>=world_size", lambda: dst.DistributedContext(2, 2, 0, torch.device("cpu")), err("rank", "world_size=2")),
+    ("DistributedContext/world_size=0", lambda: dst.DistributedContext(0, 0, 0, torch.device("cpu")), err("world_size", "int >= 1")),
+    ("DistributedContext/local_rank=-1", lambda: dst.DistributedContext(0, 1, -1, torch.device("cpu")), err("local_rank", "int >= 0")),
+    ("DistributedContext/device-str", lambda: dst.DistributedContext(0, 1, 0, "cpu"), err("device", "torch.device")),
+    ("DistributedContext/ok", lambda: None if (dst.DistributedContext(0, 2, 0, torch.device("cpu")).is_main, dst.DistributedContext(1, 2, 1, torch.device("cpu")).is_main) == (True, False) else pytest.fail("is_main"), OK),
+    ("DistributedContext/ok-from-setup", lambda: None if dst.setup_distributed("cpu") == dst.DistributedContext(0, 1, 0, torch.device("cpu")) else pytest.fail("context"), OK),
+    # --- cleanup_distributed, is_distributed, barrier
+    ("cleanup_distributed/ok-single-process", single_process_helpers, OK),
+    ("is_distributed/ok-single-process", lambda: None if dst.is_distributed() is False else pytest.fail("distributed"), OK),
+    ("barrier/ok-single-process", lambda: None if dst.barrier() is None else pytest.fail("barrier"), OK),
+    # --- StepSampler
+    ("StepSampler/global_batch-not-divisible", lambda: dst.StepSampler(10, 5, 0, 2), err("global_batch", "divisible by world_size=2")),
+    ("StepSampler/rank>=world_size", lambda: dst.StepSampler(10, 4, 2, 2), err("rank", "< world_size=2")),
+    ("StepSampler/rank=-1", lambda: dst.StepSampler(10, 4, -1, 2), err("rank", "int >= 0")),
+    ("StepSampler/world_size=0", lambda: dst.StepSampler(10, 4, 0, 0), err("world_size", "int >= 1")),
+    ("StepSampler/world_size-float", lambda: dst.StepSampler(10, 4, 0, 2.0), err("world_size", "int")),
+    ("StepSampler/num_examples-bool", lambda: dst.StepSampler(True, 1), err("num_examples", "int")),
+    ("StepSampler/num_examples=0", lambda: dst.StepSampler(0, 1), err("num_examples", "int >= 1")),
+    ("StepSampler/global_batch=0", lambda: dst.StepSampler(10, 0), err("global_batch", "int >= 1")),
+    ("StepSampler/global_batch>num_examples", lambda: dst.StepSampler(3, 4), err("global_batch", "num_examples=3")),
+    ("StepSampler/seed=-1", lambda: dst.StepSampler(10, 4, seed=-1), err("seed", "int >= 0")),
+    ("StepSampler/seed-float", lambda: dst.StepSampler(10, 4, seed=0.5), err("seed", "int")),
+    ("StepSampler.indices/step=-1", lambda: dst.StepSampler(10, 4).indices(-1), err("step", "int >= 0")),
+    ("StepSampler.indices/step-float", lambda: dst.StepSampler(10, 4).indices(1.0), err("step", "int")),
+    ("StepSampler/ok-ranks-split-the-batch", step_sampler_split, OK),
+    ("StepSampler/ok-partial-batch-dropped", step_sampler_drops_partial, OK),
+    # --- all_reduce_sum, global_token_count, token_mean_loss
+    ("all_reduce_sum/values-str", lambda: dst.all_reduce_sum("12"), err("values", "list of numbers")),
+    ("all_reduce_sum/values-None", lambda: dst.all_reduce_sum(None), err("values", "list of numbers")),
+    ("all_reduce_sum/values-int", lambda: dst.all_reduce_sum(3), err("values", "list of numbers")),
+    ("all_reduce_sum/bool-value", lambda: dst.all_reduce_sum([1, True]), err("values", "index 1")),
+    ("all_reduce_sum/tensor-value", lambda: dst.all_reduce_sum([torch.tensor(1.0)]), err("values", "numbers")),
+    ("all_reduce_sum/str-value", lambda: dst.all_reduce_sum(["1"]), err("values", "numbers")),
+    ("all_reduce_sum/ok-single-process", lambda: None if dst.all_reduce_sum((3, 2.5)) == [3.0, 2.5] and dst.all_reduce_sum([]) == [] else pytest.fail("sums"), OK),
+    ("global_token_count/n_local=-1", lambda: dst.global_token_count(-1), err("n_local", "int >= 0")),
+    ("global_token_count/n_local-float", lambda: dst.global_token_count(3.0), err("n_local", "int")),
+    ("global_token_count/n_local-bool", lambda: dst.global_token_count(True), err("n_local", "int")),
+    ("global_token_count/ok", lambda: None if (dst.global_token_count(7), dst.global_token_count(0)) == (7, 0) and type(dst.global_token_count(7)) is int else pytest.fail("count"), OK),
+    ("token_mean_loss/loss_sum-float", lambda: dst.token_mean_loss(3.0, 1), err("loss_sum", "tensor")),
+    ("token_mean_loss/n_global=0", lambda: dst.token_mean_loss(torch.tensor(3.0), 0), err("n_global", "int >= 1")),
+    ("token_mean_loss/n_global-float", lambda: dst.token_mean_loss(torch.tensor(3.0), 2.0), err("n_global", "int")),
+    ("token_mean_loss/world_size=0", lambda: dst.token_mean_loss(torch.tensor(3.0), 1, 0), err("world_size", "int >= 1")),
+    # --- rng_state, set_rng_state, all_rng_states
+    ("rng_state/ok-restores-draws", set_rng_state_restores, OK),
+    ("rng_state/ok-after-weights_only-load", in_tmp(set_rng_state_after_save), OK),
+    ("set_rng_state/None", lambda: dst.set_rng_state(None), err("state", "rng_state")),
+    ("set_rng_state/list-of-states", lambda: dst.set_rng_state(dst.all_rng_states()), err("state", "dict from rng_state")),
+    ("set_rng_state/missing-key", lambda: dst.set_rng_state({k: v for k, v in dst.rng_state().items() if k != "numpy"}), err("state", "'numpy'")),
+    ("set_rng_state/torch-int", broken_rng("torch", 1), err("state", r"'torch'.*uint8")),
+    ("set_rng_state/torch-float-tensor", broken_rng("torch", torch.zeros(5)), err("state", r"'torch'.*uint8")),
+    ("set_rng_state/cuda-int", broken_rng("cuda", 5), err("state", r"'cuda'.*list")),
+    ("set_rng_state/python-empty", broken_rng("python", {}), err("state", r"'python'.*version")),
+    ("set_rng_state/python-short-state", lambda: dst.set_rng_state({**(s := dst.rng_state()), "python": {**s["python"], "state": s["python"]["state"][:5]}}), err("state", r"'python'.*625")),
+    ("set_rng_state/numpy-empty", broken_rng("numpy", {}), err("state", r"'numpy'.*bit_generator")),
+    ("set_rng_state/ok-bad-state-sets-nothing", set_rng_state_atomic, OK),
+    ("all_rng_states/ok-single-process", all_rng_states_ok, OK),
+    # --- unwrap
+    ("unwrap/model-str", lambda: dst.unwrap("model"), err("model", "nn.Module")),
+    ("unwrap/model-None", lambda: dst.unwrap(None), err("model", "nn.Module")),
+    ("unwrap/model-state_dict", lambda: dst.unwrap(nn.Linear(2, 2).state_dict()), err("model", "nn.Module")),
+    ("unwrap/ok-plain-module", unwrap_ok, OK),
+    # --- build_parser (parse_args checks the values; argparse the types and choices)
+    ("build_parser/ok-defaults-and-run-arguments", build_parser_defaults, OK),
+    ("build_parser/steps-not-int", lambda: parser_refuses(["--steps", "3.5"], r"--steps: invalid int value"), OK),
+    ("build_parser/lr-not-number", lambda: parser_refuses(["--lr", "fast"], r"--lr: invalid float value"), OK),
+    ("build_parser/task-unknown", lambda: parser_refuses(["--task", "bert"], r"--task: invalid choice"), OK),
+    ("build_parser/dtype-unknown", lambda: parser_refuses(["--dtype", "float16"], r"--dtype: invalid choice"), OK),
+    ("build_parser/precision-unknown", lambda: parser_refuses(["--precision", "fp8"], r"--precision: invalid choice"), OK),
+    ("build_parser/unknown-option", lambda: parser_refuses(["--epochs", "3"], r"unrecognized arguments: --epochs"), OK),
+    ("build_parser/resume-takes-no-value", lambda: parser_refuses(["--resume", "yes"], r"unrecognized arguments: yes"), OK),
 ]
 
 

@@ -165,3 +165,20 @@ def test_landing_page_and_bibliography(browser):
         assert failed == [] and remote == []
     finally:
         page.close()
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda c: c.split("/")[-1])
+def test_page_fits_a_phone(chapter_pages, chapter):
+    """At a 390-px window (a phone) nothing widens the page: no sideways scrolling of the whole document (inline
+    code literals break, _static/code-width.css). Tables and wide outputs may scroll inside their own box."""
+    page, _, _ = chapter_pages(chapter)
+    page.set_viewport_size({"width": 390, "height": 844})
+    try:
+        width = page.evaluate("() => document.documentElement.scrollWidth")
+        culprits = page.evaluate("""() => [...document.querySelectorAll('article *')]
+            .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1 && !e.closest('pre, table, .MathJax,'
+                         + ' mjx-container, .cell_output, .table-wrapper, .bd-toc'))
+            .slice(0, 3).map(e => e.tagName + ': ' + e.textContent.slice(0, 60))""")
+        assert width <= 391, f"the page is {width} px wide at a 390-px window: {culprits}"
+    finally:
+        page.set_viewport_size({"width": 1400, "height": 900})

@@ -127,3 +127,29 @@ def test_bad_arguments_raise_value_errors_naming_them(call, match):
     with pytest.raises(ValueError, match=match):
         call()
     plt.close("all")
+
+
+@pytest.mark.parametrize("family, present, absent", [
+    ("encoder-decoder", {"Multi-head cross-attention", "Masked multi-head self-attention", "final LayerNorm *"},
+     {"Pooling: [CLS] or mean"}),
+    ("encoder-only", {"Multi-head self-attention", "Pooling: [CLS] or mean", "Linear (classifier)"},
+     {"Multi-head cross-attention", "Masked multi-head self-attention", "Linear (generator)"}),
+    ("decoder-only", {"Masked multi-head self-attention", "LayerNorm", "Linear (generator)"},
+     {"Multi-head cross-attention", "Add & LayerNorm", "Multi-head self-attention"}),
+])
+def test_the_map_draws_each_family(family, present, absent):
+    """Chapters 10 and 11 open with their own family's map (issue 20): the encoder pooled into a classifier;
+    GPT-2's pre-norm decoder without cross-attention. Each block carries the chapter that builds it."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ax = plot_architecture(family=family, scale=0.5)
+    texts = {t.get_text() for t in ax.texts}
+    plt.close(ax.figure)
+    assert present <= texts and not (absent & texts), (present - texts, absent & texts)
+    assert {"ch. 1-2", "ch. 3", "ch. 4", "ch. 5"} <= texts
+
+
+def test_the_map_refuses_an_unknown_family():
+    with pytest.raises(ValueError, match="family must be"):
+        plot_architecture(family="decoder")

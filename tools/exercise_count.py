@@ -33,7 +33,8 @@ def graders() -> set[str]:
 def exercises(path: Path) -> list[tuple[str, list[str], bool]]:
     """(exercise number and title, graders its text names, whether a code cell of the section calls one)."""
     cells = nbformat.read(path, as_version=4).cells
-    start = next(i for i, c in enumerate(cells) if c.cell_type == "markdown" and re.search(r"^## Exercises", c.source, re.M))
+    start = next(i for i, c in enumerate(cells)
+                 if c.cell_type == "markdown" and re.search(r"^## Exercises", c.source, re.M))
     section = cells[start:]
     md = "\n".join(c.source for c in section if c.cell_type == "markdown")
     md = md[md.index("## Exercises"):]
@@ -46,15 +47,23 @@ def exercises(path: Path) -> list[tuple[str, list[str], bool]]:
     return out
 
 
+def _problem(named, known, called) -> str:
+    if not named:
+        return "no grader named"
+    if set(named) - known:
+        return "unknown " + ", ".join(sorted(set(named) - known))
+    return "grader never called"
+
+
 def report(paths) -> int:
     known = graders()
     missing = 0
     for path in paths:
         items = exercises(path)
-        bad = [f"{t} ({'no grader named' if not n else 'unknown ' + ', '.join(set(n) - known) if set(n) - known else 'grader never called'})"
-               for t, n, called in items if not n or set(n) - known or not called]
+        bad = [f"{t} ({_problem(n, known, called)})" for t, n, called in items if not n or set(n) - known or not called]
         missing += len(bad)
-        print(f"{path.stem}: {len(items)} exercises, {len(items) - len(bad)} graded" + (f"; missing: {bad}" if bad else ""))
+        print(f"{path.stem}: {len(items)} exercises, {len(items) - len(bad)} graded"
+              + (f"; missing: {bad}" if bad else ""))
     print(f"{missing} exercises without a grader")
     return missing
 

@@ -71,6 +71,8 @@ class BertEmbeddings(nn.Module):
 
     def __init__(self, config: BertConfig):
         super().__init__()
+        if not isinstance(config, BertConfig):
+            raise ValueError(f"config must be a BertConfig, got {describe(config)}")
         d = config.d_model
         self.config = config
         self.token = nn.Embedding(config.vocab_size, d, padding_idx=config.pad_id)
@@ -99,6 +101,9 @@ class BertEmbeddings(nn.Module):
 # %% ../chapters/10_encoder_only.ipynb #c033
 def init_bert_weights(module, std: float = 0.02) -> None:
     """BERT's initialisation: linear and embedding weights from N(0, 0.02^2), biases 0, LayerNorm gains 1."""
+    if not isinstance(module, nn.Module):
+        raise ValueError(f"module must be an nn.Module (use model.apply(init_bert_weights)), got {describe(module)}")
+    check_float("std", std, 0.0, math.inf, high_open=True)
     if isinstance(module, (nn.Linear, nn.Embedding)):
         nn.init.normal_(module.weight, mean=0.0, std=std)
     if isinstance(module, nn.Linear) and module.bias is not None:

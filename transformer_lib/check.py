@@ -224,9 +224,9 @@ def main(argv=None) -> int:
     return 1 if failed else 0
 
 
-# Run main() under `python -m transformer_lib.check`, but not when this cell runs in a notebook (a kernel's
-# __name__ is "__main__" too, but it defines no __file__).
-if __name__ == "__main__" and "__file__" in globals():
+# Run main() under `python -m transformer_lib.check` only: not when this cell runs in a notebook or in the chapter
+# saved as a script, where __name__ is "__main__" too but the module spec is not this module's.
+if __name__ == "__main__" and getattr(globals().get("__spec__"), "name", "") == "transformer_lib.check":
     sys.exit(main())
 
 

@@ -35,6 +35,14 @@ class DistributedContext:
     local_rank: int
     device: torch.device
 
+    def __post_init__(self):
+        check_int("rank", self.rank, 0), check_int("world_size", self.world_size, 1)
+        check_int("local_rank", self.local_rank, 0)
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank must be < world_size={self.world_size}, got {self.rank}")
+        if not isinstance(self.device, torch.device):
+            raise ValueError(f"device must be a torch.device (e.g. torch.device('cpu')), got {describe(self.device)}")
+
     @property
     def is_main(self) -> bool:
         return self.rank == 0
@@ -257,9 +265,7 @@ def rng_state() -> dict:
 def set_rng_state(state: dict) -> None:
     """Restore what rng_state() returned. GPU states are restored when this process sees GPUs (a GPU run
     resumed on a CPU has no GPU generator to restore)."""
-    if not isinstance(state, dict) or not {"torch", "cuda", "python", "numpy"} <= set(state):
-        raise ValueError(f"state must be a dict from rng_state() with keys 'torch', 'cuda', 'python', 'numpy', "
-                         f"got {describe(state)}")
+    _check_rng_state(state)
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         if len(state["cuda"]) != torch.cuda.device_count():
@@ -272,6 +278,29 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state({"bit_generator": n["bit_generator"],
                          "state": {"key": n["key"].numpy().astype(np.uint32), "pos": n["pos"]},
                          "has_gauss": n["has_gauss"], "gauss": n["gauss"]})
+
+
+def _check_rng_state(state) -> None:
+    """state has rng_state()'s layout, checked before any generator is set (a bad state changes none of them)."""
+    if not isinstance(state, dict) or not {"torch", "cuda", "python", "numpy"} <= set(state):
+        raise ValueError(f"state must be a dict from rng_state() with keys 'torch', 'cuda', 'python', 'numpy', "
+                         f"got {describe(state)}")
+
+    def words(t, n) -> bool:
+        return isinstance(t, torch.Tensor) and t.dtype == torch.int64 and tuple(t.shape) == (n,)
+    p, n, cuda = state["python"], state["numpy"], state["cuda"]
+    parts = (("'torch'", "a uint8 tensor", state["torch"],
+              isinstance(state["torch"], torch.Tensor) and state["torch"].dtype == torch.uint8),
+             ("'cuda'", "a list of uint8 tensors (empty without GPUs)", cuda, isinstance(cuda, (list, tuple))
+              and all(isinstance(s, torch.Tensor) and s.dtype == torch.uint8 for s in cuda)),
+             ("'python'", "a dict with 'version', 'state' (625 int64 words) and 'gauss'", p,
+              isinstance(p, dict) and {"version", "state", "gauss"} <= set(p) and words(p["state"], 625)),
+             ("'numpy'", "a dict with 'bit_generator', 'key' (624 int64 words), 'pos', 'has_gauss' and 'gauss'", n,
+              isinstance(n, dict) and {"bit_generator", "key", "pos", "has_gauss", "gauss"} <= set(n)
+              and words(n["key"], 624)))
+    for key, expected, value, fits in parts:
+        if not fits:
+            raise ValueError(f"state[{key}] must be {expected}, as rng_state() returns it, got {describe(value)}")
 
 
 def all_rng_states() -> list:

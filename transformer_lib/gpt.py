@@ -90,6 +90,8 @@ def gpt_block(config: GPTConfig) -> DecoderLayer:
     the tanh GELU (Chapter 4) and GPT-2's LayerNorm epsilon:
     x -> x + SelfAttn(LayerNorm(x)) with the causal mask -> . + FFN(LayerNorm(.)).
     Its call: block(x (B, T, d_model), tgt_mask=mask (B|1, h|1, T|1, t + T) or None, cache=block.new_cache())."""
+    if not isinstance(config, GPTConfig):
+        raise ValueError(f"config must be a GPTConfig, got {describe(config)}")
     return DecoderLayer(config.d_model, config.num_heads, config.d_ff, config.dropout, norm_first=True,
                         activation="gelu_tanh", eps=config.eps, cross_attention=False)
 

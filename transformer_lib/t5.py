@@ -349,9 +349,10 @@ _T5_IGNORE = ("encoder.embed_tokens", "decoder.embed_tokens", "lm_head")      # 
 
 
 def _check_t5_v1_0(hf_model) -> None:
-    lm_head = getattr(hf_model, "lm_head", None)
-    if lm_head is None or not torch.equal(lm_head.weight, hf_model.shared.weight):
-        raise ValueError("hf_model must be a T5ForConditionalGeneration whose lm_head is tied to shared (T5 v1.0)")
+    lm_head, shared = getattr(hf_model, "lm_head", None), getattr(hf_model, "shared", None)
+    if lm_head is None or shared is None or not torch.equal(lm_head.weight, shared.weight):
+        raise ValueError(f"hf_model must be a T5ForConditionalGeneration whose lm_head is tied to shared (T5 v1.0), "
+                         f"got {type(hf_model).__name__}")
 
 
 def load_hf_t5(model: T5, hf_model) -> T5:

@@ -353,9 +353,9 @@ def _run(a, ctx) -> dict:
     return result
 
 # %% ../chapters/13_scaling.ipynb #c026
-# Run main() under `python -m transformer_lib.train` (and torchrun -m), but not when this code is executed in
-# a Jupyter notebook cell: there __name__ is "__main__" too, but a kernel defines no __file__.
-if __name__ == "__main__" and "__file__" in globals():
+# Run main() under `python -m transformer_lib.train` (and torchrun -m) only: not when this code runs in a notebook
+# cell or in the chapter saved as a script, where __name__ is "__main__" too but the module spec is not this one.
+if __name__ == "__main__" and getattr(globals().get("__spec__"), "name", "") == "transformer_lib.train":
     try:
         main()
     except TrainingDiverged as error:         # a message and exit status 1, not a traceback

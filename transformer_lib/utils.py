@@ -92,7 +92,8 @@ ARCHITECTURE_PARTS = ("attention", "multi-head", "positional", "embedding", "fee
                       "encoder", "decoder", "output")
 
 
-def plot_architecture(highlight=None, ax=None, scale: float = 1.0, shapes: bool = True):
+def plot_architecture(highlight=None, ax=None, scale: float = 1.0, shapes: bool = True,
+                      family: str = "encoder-decoder"):
     """Draw the encoder-decoder Transformer (after Vaswani et al., 2017, Figure 1) and return the Axes.
 
     highlight: None (everything in colour) or a name or list of names from ARCHITECTURE_PARTS:
@@ -103,6 +104,8 @@ def plot_architecture(highlight=None, ax=None, scale: float = 1.0, shapes: bool 
     ax: an Axes to draw on (a new figure of 12.5 x 11 inches times `scale` when None).
     scale: size factor for the new figure and its text (e.g. 0.5 for a small "you are here" map).
     shapes: write the tensor shapes beside the blocks.
+    family: "encoder-decoder" (the paper's model), "encoder-only" (Chapter 10: the encoder, pooled and classified)
+        or "decoder-only" (Chapter 11: GPT-2's pre-norm decoder, no cross-attention, no encoder).
     """
     import matplotlib.pyplot as plt  # imported here: the library itself needs only torch and numpy
     from matplotlib.patches import FancyBboxPatch
@@ -117,6 +120,8 @@ def plot_architecture(highlight=None, ax=None, scale: float = 1.0, shapes: bool 
                          f"got {highlight!r}")
     check_float("scale", scale, 0.0, 10.0, low_open=True)
     check_bool("shapes", shapes)
+    if family not in ("encoder-decoder", "encoder-only", "decoder-only"):
+        raise ValueError(f"family must be 'encoder-decoder', 'encoder-only' or 'decoder-only', got {family!r}")
     chosen = set(names)
     if chosen & {"attention", "multi-head"}:                     # one block: attention inside multi-head
         chosen |= {"attention", "multi-head"}
@@ -135,14 +140,18 @@ def plot_architecture(highlight=None, ax=None, scale: float = 1.0, shapes: bool 
     def lit(parts):                                              # is a part with these names in colour?
         return highlight is None or bool(chosen & parts)
 
-    def box(x, y, text, kind, parts):
+    def box(x, y, text, kind, parts, chapter=""):
         on = lit(parts | {kind})
         patch = FancyBboxPatch((x - W / 2, y - 0.26), W, 0.52, boxstyle="round,pad=0.02,rounding_size=0.1",
                                fc=colors[kind] if on else grey_fc, ec="black" if on else grey_ec,
                                lw=2.2 if on and highlight is not None else 1)
         patch.set_gid(kind)
         ax.add_patch(patch)
-        ax.text(x, y, text, ha="center", va="center", fontsize=fs, color="black" if on else grey_text)
+        ax.text(x - (0.3 if chapter else 0), y, text, ha="center", va="center", fontsize=fs,
+                color="black" if on else grey_text)
+        if chapter:                                              # where the book builds it
+            ax.text(x + W / 2 - 0.1, y, chapter, ha="right", va="center", fontsize=0.7 * fs,
+                    color="#555555" if on else grey_text)
 
     def arrow(x0, y0, x1, y1, color="black"):
         ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
@@ -159,13 +168,14 @@ def plot_architecture(highlight=None, ax=None, scale: float = 1.0, shapes: bool 
         ax.plot([x, xs, xs], [y_from, y_from, y_to], color=color, lw=1.2)
         arrow(xs, y_to, x + side * W / 2, y_to, color=color)
 
-    def column(x, side, length, tokens, sublayers, sx, stack):
+    def column(x, side, length, tokens, sublayers, sx, stack, embed_text="Embedding  x sqrt(d_model)",
+               pos_text="+ positional encoding"):
         ax.text(x, 0.2, tokens, ha="center", va="center", fontsize=fs, style="italic")
         shape(sx, 0.2, f"(B, {length})")
         arrow(x, 0.4, x, 0.84)
-        box(x, 1.1, "Embedding  x sqrt(d_model)", "embedding", {"positional"})
+        box(x, 1.1, embed_text, "embedding", {"positional"}, "ch. 3")
         arrow(x, 1.36, x, 1.74)
-        box(x, 2.0, "+ positional encoding", "positional", set())
+        box(x, 2.0, pos_text, "positional", set(), "ch. 3")
         shape(sx, 2.0, f"(B, {length}, d_model)")
         y = 3.0
         ys = [y + 0.95 * i for i in range(len(sublayers))]
@@ -176,9 +186,12 @@ def plot_architecture(highlight=None, ax=None, scale: float = 1.0, shapes: bool 
                                     else 1.2, ls="--"))
         ax.text(x - 2.2, top - 0.22, "N x", ha="left", va="center", fontsize=1.1 * fs, weight="bold",
                 color="#555555" if on else grey_text)
+        label = {"encoder": "ch. 6", "decoder": "ch. 11" if family == "decoder-only" else "ch. 7"}[stack]
+        ax.text(x + 2.2, top - 0.22, label, ha="right", va="center",
+                fontsize=0.8 * fs, color="#555555" if on else grey_text)
         arrow(x, 2.26, x, y - 0.26)
         for i, (text, kind, note) in enumerate(sublayers):
-            box(x, ys[i], text, kind, {stack})
+            box(x, ys[i], text, kind, {stack}, CHAPTER_OF[kind])
             if note:
                 shape(sx, ys[i], note)
             if i + 1 < len(sublayers):
@@ -187,48 +200,86 @@ def plot_architecture(highlight=None, ax=None, scale: float = 1.0, shapes: bool 
             residual(x, ys[i] - 0.45 if i == 0 else ys[i - 1] + 0.42, ys[i + 1], side, {stack, "add-norm"})
         return ys, top
 
-    ex, dx = 2.3, 9.6
-    enc_sub = [("Multi-head self-attention", "attention", "weights (B, h, S, S)"), ("Add & LayerNorm", "add-norm", ""),
-               ("Feed-forward", "feed-forward", "hidden (B, S, d_ff)"), ("Add & LayerNorm", "add-norm", "(B, S, d_model)")]
-    ep, etop = column(ex, -1, "S", "source tokens", enc_sub, ex + 2.45, "encoder")
-    box(ex, etop + 0.45, "final LayerNorm", "add-norm", {"encoder"})
-    arrow(ex, ep[-1] + 0.26, ex, etop + 0.19)
-    shape(ex + 2.45, etop + 0.45, "memory (B, S, d_model)")
+    CHAPTER_OF = {"attention": "ch. 1-2", "add-norm": "ch. 5", "feed-forward": "ch. 4"}
 
-    dec_sub = [("Masked multi-head self-attention", "attention", "weights (B, h, T, T)"),
-               ("Add & LayerNorm", "add-norm", ""),
-               ("Multi-head cross-attention", "attention", "weights (B, h, T, S)"),
-               ("Add & LayerNorm", "add-norm", ""), ("Feed-forward", "feed-forward", "hidden (B, T, d_ff)"),
-               ("Add & LayerNorm", "add-norm", "(B, T, d_model)")]
-    dp, dtop = column(dx, +1, "T", "target tokens (shifted right)", dec_sub, dx + 2.45, "decoder")
-    # memory -> keys and values of every decoder layer's cross-attention
-    red = "#c0504d" if lit({"encoder", "decoder", "attention"}) else "#e3b5b4"
-    ym, xm = etop + 1.0, 7.15                                    # xm: right of the encoder's shape labels
-    ax.plot([ex, ex, xm, xm], [etop + 0.71, ym, ym, dp[2]], color=red, lw=1.5)
-    arrow(xm, dp[2], dx - W / 2, dp[2], color=red)
-    ax.text(xm - 0.08, dp[2] + 0.45, "K, V", fontsize=0.9 * fs, color=red, ha="right", va="center")
-    ax.text(ex + 0.1, ym + 0.2, "memory, read by every decoder layer", fontsize=0.9 * fs, color=red, ha="left")
-    heads = [dtop + 0.45, dtop + 1.35, dtop + 2.25]
-    for y, (text, kind, parts) in zip(heads, [("final LayerNorm", "add-norm", {"decoder"}),
-                                              ("Linear (generator)", "output", set()),
-                                              ("Softmax", "output", set())], strict=True):
-        box(dx, y, text, kind, parts)
-    arrow(dx, dp[-1] + 0.26, dx, heads[0] - 0.26)
-    arrow(dx, heads[0] + 0.26, dx, heads[1] - 0.26)
-    arrow(dx, heads[1] + 0.26, dx, heads[2] - 0.26)
-    shape(dx - W / 2 - 0.15, heads[1], "logits (B, T, V)", ha="right")
-    shape(dx - W / 2 - 0.15, heads[2], "probabilities (B, T, V)", ha="right")
-    arrow(dx, heads[2] + 0.26, dx, heads[2] + 0.65)
-    ax.text(dx, heads[2] + 0.85, "next-token probabilities", ha="center", fontsize=fs, style="italic")
-    # weight tying: one matrix for both embeddings and the generator
+    def heads_above(x, top, parts, rows, arrow_from):
+        """The boxes above a stack (final norm, output layers): returns their y positions."""
+        ys = [top + 0.45 + 0.9 * i for i in range(len(rows))]
+        for y, (text, kind, chapter) in zip(ys, rows, strict=True):
+            box(x, y, text, kind, parts, chapter)
+        arrow(x, arrow_from, x, ys[0] - 0.26)
+        for y0, y1 in zip(ys, ys[1:], strict=False):
+            arrow(x, y0 + 0.26, x, y1 - 0.26)
+        return ys
+
     tie = dict(color="#7030a0" if lit({"embedding", "output"}) else "#d9c6e6", lw=1.2, ls=":")
-    ax.plot([ex - W / 2, -0.1, -0.1, 14.35, 14.35, dx + W / 2], [1.1, 1.1, 0.5, 0.5, heads[1], heads[1]], **tie)
-    ax.plot([dx - W / 2, dx - W / 2 - 0.2, dx - W / 2 - 0.2], [1.1, 1.1, 0.5], **tie)
-    ax.text(5.0, 0.58, "one shared matrix when tie_embeddings=True", color=tie["color"], fontsize=0.9 * fs,
-            ha="center", va="bottom")
+    if family == "encoder-decoder":
+        ex, dx = 2.3, 9.6
+    else:                                                        # one stack, drawn in the middle
+        ex = dx = 7.2
+    if family in ("encoder-decoder", "encoder-only"):
+        enc_sub = [("Multi-head self-attention", "attention", "weights (B, h, S, S)"),
+                   ("Add & LayerNorm", "add-norm", ""), ("Feed-forward", "feed-forward", "hidden (B, S, d_ff)"),
+                   ("Add & LayerNorm", "add-norm", "(B, S, d_model)")]
+        tokens = "source tokens" if family == "encoder-decoder" else "[CLS] + tokens"
+        ep, etop = column(ex, -1, "S", tokens, enc_sub, ex + 2.45, "encoder")
+    if family == "encoder-only":                                 # Chapter 10: pool the encoder, classify
+        hs = heads_above(ex, etop, {"encoder"}, [("final LayerNorm *", "add-norm", "ch. 5"),
+                                                  ("Pooling: [CLS] or mean", "output", "ch. 10"),
+                                                  ("Linear (classifier)", "output", "ch. 10")], ep[-1] + 0.26)
+        shape(ex + 2.45, hs[1], "(B, d_model)")
+        shape(ex + 2.45, hs[2], "logits (B, classes)")
+        arrow(ex, hs[2] + 0.26, ex, hs[2] + 0.65)
+        ax.text(ex, hs[2] + 0.85, "class probabilities", ha="center", fontsize=fs, style="italic")
+    if family == "encoder-decoder":
+        box(ex, etop + 0.45, "final LayerNorm *", "add-norm", {"encoder"}, "ch. 5")
+        arrow(ex, ep[-1] + 0.26, ex, etop + 0.19)
+        shape(ex + 2.45, etop + 0.45, "memory (B, S, d_model)")
+        dec_sub = [("Masked multi-head self-attention", "attention", "weights (B, h, T, T)"),
+                   ("Add & LayerNorm", "add-norm", ""),
+                   ("Multi-head cross-attention", "attention", "weights (B, h, T, S)"),
+                   ("Add & LayerNorm", "add-norm", ""), ("Feed-forward", "feed-forward", "hidden (B, T, d_ff)"),
+                   ("Add & LayerNorm", "add-norm", "(B, T, d_model)")]
+        dp, dtop = column(dx, +1, "T", "target tokens (shifted right)", dec_sub, dx + 2.45, "decoder")
+        # memory -> keys and values of every decoder layer's cross-attention
+        red = "#c0504d" if lit({"encoder", "decoder", "attention"}) else "#e3b5b4"
+        ym, xm = etop + 1.0, 7.15                                # xm: right of the encoder's shape labels
+        ax.plot([ex, ex, xm, xm], [etop + 0.71, ym, ym, dp[2]], color=red, lw=1.5)
+        arrow(xm, dp[2], dx - W / 2, dp[2], color=red)
+        ax.text(xm - 0.08, dp[2] + 0.45, "K, V", fontsize=0.9 * fs, color=red, ha="right", va="center")
+        ax.text(ex + 0.1, ym + 0.2, "memory, read by every decoder layer", fontsize=0.9 * fs, color=red, ha="left")
+    if family == "decoder-only":                                 # Chapter 11: GPT-2's pre-norm blocks
+        dec_sub = [("LayerNorm", "add-norm", ""), ("Masked multi-head self-attention", "attention",
+                                                   "weights (B, h, T, T)"),
+                   ("LayerNorm", "add-norm", ""), ("Feed-forward", "feed-forward", "hidden (B, T, d_ff)")]
+        dp, dtop = column(dx, +1, "T", "tokens", dec_sub, dx + 2.45, "decoder", "Token embedding (no scaling)",
+                          "+ learned positions")
+        ax.text(dx - 2.2, dtop + 0.1, "pre-norm: LayerNorm, then the sub-layer; its input is added (grey)",
+                fontsize=0.8 * fs, color="#555555", ha="left", va="bottom")
+    if family != "encoder-only":
+        heads = heads_above(dx, dtop + (0.3 if family == "decoder-only" else 0), {"decoder"},
+                            [("final LayerNorm" + (" *" if family == "encoder-decoder" else ""), "add-norm", "ch. 5"),
+                             ("Linear (generator)", "output", "ch. 11" if family == "decoder-only" else "ch. 7"),
+                             ("Softmax", "output", "ch. 11" if family == "decoder-only" else "ch. 7")],
+                            dp[-1] + 0.26)
+        shape(dx - W / 2 - 0.15, heads[1], "logits (B, T, V)", ha="right")
+        shape(dx - W / 2 - 0.15, heads[2], "probabilities (B, T, V)", ha="right")
+        arrow(dx, heads[2] + 0.26, dx, heads[2] + 0.65)
+        ax.text(dx, heads[2] + 0.85, "next-token probabilities", ha="center", fontsize=fs, style="italic")
+        # weight tying: one matrix for the embedding(s) and the generator
+        ax.plot([ex - W / 2, -0.1, -0.1, 14.35, 14.35, dx + W / 2], [1.1, 1.1, 0.5, 0.5, heads[1], heads[1]], **tie)
+        if family == "encoder-decoder":
+            ax.plot([dx - W / 2, dx - W / 2 - 0.2, dx - W / 2 - 0.2], [1.1, 1.1, 0.5], **tie)
+        ax.text(5.0, 0.58, "one shared matrix when tie_embeddings=True", color=tie["color"], fontsize=0.9 * fs,
+                ha="center", va="bottom")
+    if family != "decoder-only":
+        ax.text(-0.1, 11.75, "* not in the paper's Figure 1: nn.Transformer's final LayerNorms (the book's default)",
+                fontsize=0.8 * fs, color="#555555", ha="left", va="center")
     if highlight is None:
-        ax.set_title("The Transformer (after Vaswani et al., 2017, Figure 1)" + (", with tensor shapes" if shapes
-                     else ""), fontsize=1.2 * fs)
+        name = {"encoder-decoder": "The Transformer (after Vaswani et al., 2017, Figure 1)",
+                "encoder-only": "The encoder-only Transformer (Chapter 10)",
+                "decoder-only": "The decoder-only Transformer, GPT-2 (Chapter 11)"}[family]
+        ax.set_title(name + (", with tensor shapes" if shapes else ""), fontsize=1.2 * fs)
     else:
         ax.set_title("You are here: " + ", ".join(names) + " (in colour)", fontsize=1.2 * fs)
     return ax
