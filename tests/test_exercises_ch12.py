@@ -8,7 +8,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from transformer_lib.exercises.t5 import (
-    check_buckets,
     check_gated_ffn,
     check_new_buckets,
     check_overlapping_patches,
@@ -17,37 +16,7 @@ from transformer_lib.exercises.t5 import (
 from transformer_lib.t5 import relative_position_bucket
 from transformer_lib.vit import patchify
 
-# --- exercise 1: buckets ---------------------------------------------------------------------------------
-
-def test_check_buckets_accepts_the_reference(capsys):
-    check_buckets(relative_position_bucket)
-    assert "check_buckets: correct" in capsys.readouterr().out
-
-
-def no_direction(relative_position, bidirectional, num_buckets, max_distance):
-    return relative_position_bucket(-relative_position.abs(), bidirectional, num_buckets, max_distance)
-
-
-def no_cap(relative_position, bidirectional, num_buckets, max_distance):
-    n = num_buckets // 2 if bidirectional else num_buckets
-    base = (relative_position > 0).long() * n if bidirectional else torch.zeros_like(relative_position)
-    distance = relative_position.abs() if bidirectional else (-relative_position).clamp(min=0)
-    exact = n // 2
-    far = exact + (torch.log(distance.clamp(min=1).float() / exact) / math.log(max_distance / exact)
-                   * (n - exact)).long()
-    return base + torch.where(distance < exact, distance, far)          # not capped at n - 1
-
-
-def all_exact(relative_position, bidirectional, num_buckets, max_distance):
-    return relative_position.abs().clamp(max=num_buckets - 1)
-
-
-@pytest.mark.parametrize("wrong, words", [(no_direction, "upper half"), (no_cap, "capped at the last bucket"),
-                                          (all_exact, "bucket")])
-def test_check_buckets_names_mistakes(wrong, words):
-    with pytest.raises(AssertionError, match=words):
-        check_buckets(wrong)
-
+# --- exercise 1 (check_buckets) is tested in tests/test_t5.py, beside relative_position_bucket
 
 # --- exercise 2: the gated-GELU FFN --------------------------------------------------------------------
 
