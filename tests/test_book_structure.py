@@ -11,6 +11,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
+# The numbered chapters (NN_name.ipynb) teach and set exercises; an appendix (appendix_tools.ipynb: the book's tools,
+# exported to transformer_lib.utils and .validation) has the same layout but no Summary or Exercises.
+NUMBERED = [p for p in CHAPTERS if p.stem[:2].isdigit()]
 sys.path.insert(0, str(ROOT / "tools"))
 import exercise_count  # noqa: E402
 import setup_cell  # noqa: E402
@@ -37,7 +40,8 @@ def test_chapter_layout(path):
     assert "remove-cell" in code[0].metadata.get("tags", []), "the default_exp cell is hidden in the book"
     assert code[1].source == setup_cell.setup_cell_source(), "second code cell: the generated setup cell"
     text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
-    assert "## Summary" in text and "## Exercises" in text
+    if path in NUMBERED:
+        assert "## Summary" in text and "## Exercises" in text
     assert "{cite}`" in text, "cites its sources"
     assert any(c.source.startswith("#| export") for c in code)
 
@@ -142,7 +146,12 @@ def test_marker_lines_start_at_column_0_so_the_book_strips_them(path):
                     assert line.startswith(("#|", "# NBVAL_")), f"indented marker, shown in the book: {line!r}"
 
 
-@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_only_the_tools_appendix_is_unnumbered():
+    """No chapter escapes the Summary and Exercises checks above by a name without a number."""
+    assert [p.stem for p in CHAPTERS if p not in NUMBERED] == ["appendix_tools"]
+
+
+@pytest.mark.parametrize("path", NUMBERED, ids=lambda p: p.stem)
 def test_every_exercise_names_a_grader_that_its_solution_calls(path):
     """Issue 21: each numbered exercise names a check_* grader of transformer_lib.exercises (the reader calls it
     on their own answer), and a code cell of the exercise section calls it (the hidden worked solution)."""

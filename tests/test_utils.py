@@ -1,4 +1,4 @@
-"""transformer_lib.utils (exported by Chapter 1): seeding, device choice, attention plots, the map of the model."""
+"""transformer_lib.utils (exported by the appendix chapters/appendix_tools.ipynb): seeding, device choice, attention plots, the map of the model."""
 
 import matplotlib
 

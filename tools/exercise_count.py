@@ -31,10 +31,13 @@ def graders() -> set[str]:
 
 
 def exercises(path: Path) -> list[tuple[str, list[str], bool]]:
-    """(exercise number and title, graders its text names, whether a code cell of the section calls one)."""
+    """(exercise number and title, graders its text names, whether a code cell of the section calls one); none for
+    a notebook without an Exercises section (the appendix of the book's tools)."""
     cells = nbformat.read(path, as_version=4).cells
-    start = next(i for i, c in enumerate(cells)
-                 if c.cell_type == "markdown" and re.search(r"^## Exercises", c.source, re.M))
+    start = next((i for i, c in enumerate(cells)
+                  if c.cell_type == "markdown" and re.search(r"^## Exercises", c.source, re.M)), None)
+    if start is None:
+        return []
     section = cells[start:]
     md = "\n".join(c.source for c in section if c.cell_type == "markdown")
     md = md[md.index("## Exercises"):]
