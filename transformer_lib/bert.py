@@ -2,11 +2,13 @@
 
 # %% auto #0
 __all__ = ['IGNORE_INDEX', 'BertConfig', 'BertEmbeddings', 'init_bert_weights', 'BertModel', 'BertForMaskedLM', 'BertClassifier',
-           'bert_hf_names', 'load_hf_bert', 'to_hf_bert', 'mask_tokens', 'token_cross_entropy']
+           'bert_hf_names', 'load_hf_bert', 'to_hf_bert', 'mask_tokens', 'token_cross_entropy', 'bert_from_pretrained',
+           'bert_fill_mask']
 
 # %% ../chapters/10_encoder_only.ipynb #c030
 import dataclasses
 import math
+import os
 
 import torch
 import torch.nn as nn
@@ -310,3 +312,48 @@ def token_cross_entropy(logits, labels):
         raise ValueError(f"labels must hold token ids in [0, {logits.size(-1) - 1}] or IGNORE_INDEX ({IGNORE_INDEX}) "
                          f"(V = logits.size(-1) = {logits.size(-1)}): {error}") from None
     return total / counted.clamp(min=1)                            # the mean, and 0 (not 0/0) for no position
+
+# %% ../chapters/10_encoder_only.ipynb #c043b
+def bert_from_pretrained(name_or_path="bert-base-uncased", dtype=torch.float32):
+    """A BERT checkpoint in the book's own BertForMaskedLM: name_or_path is a Hugging Face Hub name
+    ("bert-base-uncased", ...; downloaded once where there is a network) or a directory written by
+    BertForMaskedLM.save_pretrained. transformers reads it, load_hf_bert copies every weight (each name and
+    shape checked). -> (our BertForMaskedLM, the transformers.BertForMaskedLM it came from), both in eval mode
+    and in dtype. Raises OSError when the checkpoint is neither on disk nor reachable (offline)."""
+    if not isinstance(name_or_path, (str, os.PathLike)) or not str(name_or_path):
+        raise ValueError(f"name_or_path must be a Hub name such as 'bert-base-uncased' or a directory, got "
+                         f"{describe(name_or_path)}")
+    if dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        raise ValueError(f"dtype must be a floating torch dtype, got {describe(dtype)}")
+    import transformers   # imported here: the library itself needs only torch and numpy
+
+    hf_model = transformers.BertForMaskedLM.from_pretrained(name_or_path).to(dtype).eval()   # as stored, then dtype
+    model = BertForMaskedLM(BertConfig.from_hf(hf_model.config)).to(dtype)
+    return load_hf_bert(model, hf_model).eval(), hf_model
+
+
+def bert_fill_mask(name_or_path="bert-base-uncased", text: str = "The capital of France is [MASK].",
+                   top_k: int = 5, dtype=torch.float32) -> dict:
+    """Load name_or_path (model and tokenizer) with bert_from_pretrained and fill in the one mask token of text
+    with our model and with theirs. -> {"words": our top_k words, "probabilities": theirs in our model,
+    "same": whether their top_k ids equal ours, in order, "max_diff": max |ours - theirs| over the logits}."""
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"text must be a non-empty string holding one mask token, got {describe(text)}")
+    check_int("top_k", top_k)
+    import transformers
+
+    model, hf_model = bert_from_pretrained(name_or_path, dtype)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path)
+    encoded = tokenizer(text, return_tensors="pt")
+    ids, segments = encoded["input_ids"], encoded.get("token_type_ids")                  # (1, S)
+    where = (ids[0] == tokenizer.mask_token_id).nonzero().flatten()
+    if len(where) != 1:
+        raise ValueError(f"text must hold the mask token {tokenizer.mask_token} exactly once, got {len(where)} in "
+                         f"{text!r}")
+    with torch.no_grad():
+        ours = model(ids, segments)[0, where[0]]                                          # (V,)
+        theirs = hf_model(**encoded).logits[0, where[0]]                                  # (V,)
+    top = ours.topk(top_k).indices
+    return {"words": tokenizer.convert_ids_to_tokens(top.tolist()), "probabilities": ours.softmax(-1)[top].tolist(),
+            "same": torch.equal(top, theirs.topk(top_k).indices), "max_diff": (ours - theirs).abs().max().item()}
+

@@ -2,7 +2,8 @@
 
 # %% auto #0
 __all__ = ['TRAIN_MODULES', 'HELDOUT_MODULES', 'stdlib_sources', 'GPTConfig', 'gpt_block', 'GPT', 'gpt2_hf_names', 'load_hf_gpt2',
-           'to_hf_gpt2', 'TrigramLM', 'random_windows', 'lm_loss', 'sequence_nll']
+           'to_hf_gpt2', 'TrigramLM', 'random_windows', 'lm_loss', 'sequence_nll', 'gpt2_from_pretrained',
+           'gpt2_greedy_continuation']
 
 # %% ../chapters/11_decoder_only.ipynb #c004
 import collections
@@ -324,3 +325,45 @@ def sequence_nll(model, ids, context: int | None = None) -> float:
         nll = F.cross_entropy(model(x[None, :-1])[0].float(), x[1:], reduction="none")
         total += nll[0 if s == 0 else context - stride:].sum().item()      # only the tokens not scored yet
     return total
+
+# %% ../chapters/11_decoder_only.ipynb #c043b
+def gpt2_from_pretrained(name_or_path="gpt2", dtype=torch.float32):
+    """A GPT-2 checkpoint in the book's own GPT: name_or_path is a Hugging Face Hub name ("gpt2", "gpt2-medium",
+    ...; downloaded once where there is a network) or a directory written by GPT2LMHeadModel.save_pretrained.
+    transformers reads it, load_hf_gpt2 copies every weight (each name and shape checked).
+    -> (our GPT, the GPT2LMHeadModel it came from), both in eval mode and in dtype. Raises OSError when the
+    checkpoint is neither on disk nor reachable (offline, or HF_HUB_OFFLINE=1 and not cached)."""
+    if not isinstance(name_or_path, (str, Path)) or not str(name_or_path):
+        raise ValueError(f"name_or_path must be a Hub name such as 'gpt2' or a directory, got {describe(name_or_path)}")
+    if dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        raise ValueError(f"dtype must be a floating torch dtype, got {describe(dtype)}")
+    import transformers   # imported here: the library itself needs only torch and numpy
+
+    hf_model = transformers.GPT2LMHeadModel.from_pretrained(name_or_path).to(dtype).eval()   # as stored, then dtype
+    model = GPT(GPTConfig.from_hf(hf_model.config)).to(dtype)
+    return load_hf_gpt2(model, hf_model).eval(), hf_model
+
+
+def gpt2_greedy_continuation(name_or_path="gpt2", prompt: str = "def fibonacci(n):\n", max_new_tokens: int = 40,
+                             dtype=torch.float32) -> dict:
+    """Load name_or_path (model and tokenizer) with gpt2_from_pretrained and continue prompt greedily, with the
+    book's generate (temperature 0) on our GPT and with GPT2LMHeadModel.generate (do_sample=False) on theirs.
+    -> {"text": our continuation, decoded, "ours": (1, max_new_tokens) ids, "theirs": their ids (they stop
+    early at the end-of-text token), "same": whether theirs equals the start of ours, "parameters": our count}."""
+    if not isinstance(prompt, str) or not prompt:
+        raise ValueError(f"prompt must be a non-empty string, got {describe(prompt)}")
+    check_int("max_new_tokens", max_new_tokens)
+    import transformers
+
+    from transformer_lib.sampling import generate
+
+    model, hf_model = gpt2_from_pretrained(name_or_path, dtype)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path)
+    ids = torch.tensor([tokenizer.encode(prompt)])                                      # (1, T)
+    ours = generate(model, ids, max_new_tokens, temperature=0.0)                       # (1, max_new_tokens)
+    with torch.no_grad():
+        theirs = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                   do_sample=False, pad_token_id=hf_model.config.eos_token_id)[:, ids.size(1):]
+    return {"text": tokenizer.decode(ours[0]), "ours": ours, "theirs": theirs,
+            "same": torch.equal(ours[:, :theirs.size(1)], theirs), "parameters": sum(p.numel() for p in model.parameters())}
+
