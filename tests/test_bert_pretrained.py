@@ -101,3 +101,12 @@ def test_bad_arguments_to_bert_from_pretrained(kwargs, match):
 def test_bad_arguments_to_bert_fill_mask(checkpoint, kwargs, match):
     with pytest.raises(ValueError, match=match):
         bert_fill_mask(checkpoint, **kwargs)
+
+
+@pytest.mark.parametrize("class_name", ["BertForMaskedLMs", 3, "__version__"])
+def test_from_pretrained_names_a_bad_class_name(checkpoint, class_name):
+    """The shared door of both *_from_pretrained functions (transformer_lib.hf.from_pretrained)."""
+    from transformer_lib.hf import from_pretrained
+
+    with pytest.raises(ValueError, match="class_name must name a transformers model class"):
+        from_pretrained(class_name, checkpoint)

@@ -8,7 +8,6 @@ __all__ = ['IGNORE_INDEX', 'BertConfig', 'BertEmbeddings', 'init_bert_weights', 
 # %% ../chapters/10_encoder_only.ipynb #c030
 import dataclasses
 import math
-import os
 
 import torch
 import torch.nn as nn
@@ -18,7 +17,7 @@ from .attention import padding_mask
 from .encoder import Encoder
 from .feed_forward import ACTIVATIONS
 from .residual import LayerNorm
-from .hf import hf_state_dict, load_by_names, save_by_names
+from .hf import from_pretrained, hf_state_dict, load_by_names, save_by_names
 from .validation import (check_bool, check_float, check_int, check_mask, check_probability,
                                         check_tensor, check_token_ids, checked, checks_due, describe, lookup)
 
@@ -320,14 +319,7 @@ def bert_from_pretrained(name_or_path="bert-base-uncased", dtype=torch.float32):
     BertForMaskedLM.save_pretrained. transformers reads it, load_hf_bert copies every weight (each name and
     shape checked). -> (our BertForMaskedLM, the transformers.BertForMaskedLM it came from), both in eval mode
     and in dtype. Raises OSError when the checkpoint is neither on disk nor reachable (offline)."""
-    if not isinstance(name_or_path, (str, os.PathLike)) or not str(name_or_path):
-        raise ValueError(f"name_or_path must be a Hub name such as 'bert-base-uncased' or a directory, got "
-                         f"{describe(name_or_path)}")
-    if dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
-        raise ValueError(f"dtype must be a floating torch dtype, got {describe(dtype)}")
-    import transformers   # imported here: the library itself needs only torch and numpy
-
-    hf_model = transformers.BertForMaskedLM.from_pretrained(name_or_path).to(dtype).eval()   # as stored, then dtype
+    hf_model = from_pretrained("BertForMaskedLM", name_or_path, dtype)
     model = BertForMaskedLM(BertConfig.from_hf(hf_model.config)).to(dtype)
     return load_hf_bert(model, hf_model).eval(), hf_model
 
@@ -335,7 +327,7 @@ def bert_from_pretrained(name_or_path="bert-base-uncased", dtype=torch.float32):
 def bert_fill_mask(name_or_path="bert-base-uncased", text: str = "The capital of France is [MASK].",
                    top_k: int = 5, dtype=torch.float32) -> dict:
     """Load name_or_path (model and tokenizer) with bert_from_pretrained and fill in the one mask token of text
-    with our model and with theirs. -> {"words": our top_k words, "probabilities": theirs in our model,
+    with our model and with theirs. -> {"words": our top_k words, "probabilities": our model's probability of each,
     "same": whether their top_k ids equal ours, in order, "max_diff": max |ours - theirs| over the logits}."""
     if not isinstance(text, str) or not text:
         raise ValueError(f"text must be a non-empty string holding one mask token, got {describe(text)}")

@@ -17,7 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .decoder import DecoderLayer
-from .hf import HFTensor, hf_state_dict, load_by_names, save_by_names
+from .hf import HFTensor, from_pretrained, hf_state_dict, load_by_names, save_by_names
 from .residual import LayerNorm
 from .training import inference
 from .validation import (check_float, check_int, check_mask, check_probability, check_tensor,
@@ -333,13 +333,7 @@ def gpt2_from_pretrained(name_or_path="gpt2", dtype=torch.float32):
     transformers reads it, load_hf_gpt2 copies every weight (each name and shape checked).
     -> (our GPT, the GPT2LMHeadModel it came from), both in eval mode and in dtype. Raises OSError when the
     checkpoint is neither on disk nor reachable (offline, or HF_HUB_OFFLINE=1 and not cached)."""
-    if not isinstance(name_or_path, (str, Path)) or not str(name_or_path):
-        raise ValueError(f"name_or_path must be a Hub name such as 'gpt2' or a directory, got {describe(name_or_path)}")
-    if dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
-        raise ValueError(f"dtype must be a floating torch dtype, got {describe(dtype)}")
-    import transformers   # imported here: the library itself needs only torch and numpy
-
-    hf_model = transformers.GPT2LMHeadModel.from_pretrained(name_or_path).to(dtype).eval()   # as stored, then dtype
+    hf_model = from_pretrained("GPT2LMHeadModel", name_or_path, dtype)
     model = GPT(GPTConfig.from_hf(hf_model.config)).to(dtype)
     return load_hf_gpt2(model, hf_model).eval(), hf_model
 
