@@ -1,8 +1,10 @@
 """transformer_lib.gpt (Chapter 11): GPT against Hugging Face's GPT2LMHeadModel in float64, built from configs
 only (never downloaded); causality and the KV cache; GPT-2's sizes and initialisation; the trigram baseline;
-the training windows, the loss and the sliding-window NLL; the standard-library corpus and a BPE round trip."""
+the training windows, the loss and the sliding-window NLL; the standard-library corpus and a BPE round trip;
+switching attention heads off (ablate_heads)."""
 
 import collections
+import copy
 import math
 import random
 import sysconfig
@@ -20,6 +22,7 @@ from transformer_lib.gpt import (
     TRAIN_MODULES,
     GPTConfig,
     TrigramLM,
+    ablate_heads,
     lm_loss,
     load_hf_gpt2,
     random_windows,
@@ -591,3 +594,108 @@ def test_sequence_nll_edge_cases_and_errors():
 def test_sequence_nll_refuses_context_zero():
     with pytest.raises(ValueError, match=r"\bcontext\b"):
         sequence_nll(random_gpt(seed=40), token_ids(9, seed=41), 0)
+
+
+# ---------------------------------------------------------------- ablate_heads (the induction test)
+
+def no_hooks(model) -> bool:
+    return not any(m._forward_pre_hooks for m in model.modules())
+
+
+def test_ablating_nothing_leaves_the_logits_bit_identical():
+    model = random_gpt(seed=42)
+    ids = token_ids(2, 10, seed=43)
+    with torch.no_grad():
+        base = model(ids)
+        for heads in ({}, {0: []}, {0: [], 1: ()}):
+            with ablate_heads(model, heads) as same:
+                assert same is model
+                assert torch.equal(model(ids), base), heads
+    assert no_hooks(model)
+
+
+def test_ablating_every_head_of_a_layer_equals_a_zero_w_o_with_its_bias_kept():
+    model = random_gpt(seed=44)
+    ids = token_ids(2, 10, seed=45)
+    zeroed = copy.deepcopy(model)
+    with torch.no_grad():
+        zeroed.blocks[1].self_attn.W_o.weight.zero_()              # the bias stays: it belongs to no head
+        with ablate_heads(model, {1: [0, 1, 2, 3]}):
+            ablated = model(ids)
+        assert max_diff(ablated, zeroed(ids)) < ATOL
+        assert max_diff(ablated, model(ids)) > 1e-3                # the ablation does change the logits
+        bare = copy.deepcopy(zeroed)
+        bare.blocks[1].self_attn.W_o.bias.zero_()                  # and the bias does matter
+        assert max_diff(ablated, bare(ids)) > 1e-3
+    assert no_hooks(model)
+
+
+@pytest.mark.parametrize("layer, heads", [(0, [2]), (1, [0, 3]), (1, range(1, 3))])
+def test_ablating_heads_zeroes_their_d_k_columns_of_w_o(layer, heads):
+    model = random_gpt(seed=46)
+    ids = token_ids(3, 12, seed=47)
+    d_k = model.config.d_model // model.config.num_heads
+    cut = copy.deepcopy(model)
+    with torch.no_grad():
+        for h in heads:
+            cut.blocks[layer].self_attn.W_o.weight[:, h * d_k:(h + 1) * d_k] = 0.0
+        with ablate_heads(model, {layer: heads}):
+            ablated = model(ids)
+        assert max_diff(ablated, cut(ids)) < ATOL
+        other = copy.deepcopy(model)                               # another head's columns give another model
+        h = next(i for i in range(4) if i not in heads)
+        other.blocks[layer].self_attn.W_o.weight[:, h * d_k:(h + 1) * d_k] = 0.0
+        assert max_diff(ablated, other(ids)) > 1e-3
+
+
+def test_ablate_heads_in_two_layers_and_with_the_kv_cache():
+    model = random_gpt(seed=48)
+    ids = token_ids(2, 9, seed=49)
+    with torch.no_grad(), ablate_heads(model, {0: [1], 1: [2, 3]}):
+        full = model(ids)
+        cache = model.new_cache()
+        steps = torch.cat([model(ids[:, t:t + 1], cache=cache) for t in range(9)], dim=1)
+    assert max_diff(steps, full) < ATOL
+    assert no_hooks(model)
+
+
+def test_ablate_heads_removes_its_hooks_on_an_exception():
+    model = random_gpt(seed=50)
+    ids = token_ids(2, 6, seed=51)
+    with torch.no_grad():
+        base = model(ids)
+        with pytest.raises(RuntimeError, match="inside the block"), ablate_heads(model, {0: [0, 1], 1: [3]}):
+            assert not no_hooks(model)
+            raise RuntimeError("inside the block")
+        assert no_hooks(model)
+        assert torch.equal(model(ids), base)
+
+
+@pytest.mark.parametrize("model, heads, name", [
+    (nn.Linear(2, 2), {0: [0]}, r"\bmodel must be a GPT"),
+    (None, {0: [0]}, r"\bmodel must be a GPT"),
+    ("gpt", [(0, 0)], r"\bheads must be a dict"),
+    ("gpt", {0: 1}, r"\bheads\[0\] must be a list"),
+    ("gpt", {0: "01"}, r"\bheads\[0\] must be a list"),
+    ("gpt", {0: [4]}, r"\bheads\[0\] must be a list of ints in \[0, num_heads\) = \[0, 4\)"),
+    ("gpt", {1: [-1]}, r"\bheads\[1\] must be"),
+    ("gpt", {0: [True]}, r"\bheads\[0\] must be"),
+    ("gpt", {0: [1.0]}, r"\bheads\[0\] must be"),
+    ("gpt", {2: [0]}, r"\bheads: every layer must be an int in \[0, num_layers\) = \[0, 2\)"),
+    ("gpt", {-1: [0]}, r"\bheads: every layer"),
+    ("gpt", {True: [0]}, r"\bheads: every layer"),
+    ("gpt", {"0": [0]}, r"\bheads: every layer"),
+])
+def test_ablate_heads_value_errors_name_the_argument(model, heads, name):
+    gpt = random_gpt(seed=52)
+    model = gpt if model == "gpt" else model
+    with pytest.raises(ValueError, match=name), ablate_heads(model, heads):
+        pass
+    assert no_hooks(gpt)
+
+
+def test_ablate_heads_checks_everything_before_adding_a_hook():
+    gpt = random_gpt(seed=53)
+    with pytest.raises(ValueError, match=r"heads\[1\]"), ablate_heads(gpt, {0: [0], 1: [9]}):
+        pass
+    assert no_hooks(gpt)

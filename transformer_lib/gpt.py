@@ -2,11 +2,12 @@
 
 # %% auto #0
 __all__ = ['TRAIN_MODULES', 'HELDOUT_MODULES', 'stdlib_sources', 'GPTConfig', 'gpt_block', 'GPT', 'gpt2_hf_names', 'load_hf_gpt2',
-           'to_hf_gpt2', 'TrigramLM', 'random_windows', 'lm_loss', 'sequence_nll', 'gpt2_from_pretrained',
-           'gpt2_greedy_continuation']
+           'to_hf_gpt2', 'TrigramLM', 'random_windows', 'lm_loss', 'sequence_nll', 'ablate_heads',
+           'gpt2_from_pretrained', 'gpt2_greedy_continuation']
 
 # %% ../chapters/11_decoder_only.ipynb #c004
 import collections
+import contextlib
 import dataclasses
 import math
 import sysconfig
@@ -325,6 +326,50 @@ def sequence_nll(model, ids, context: int | None = None) -> float:
         nll = F.cross_entropy(model(x[None, :-1])[0].float(), x[1:], reduction="none")
         total += nll[0 if s == 0 else context - stride:].sum().item()      # only the tokens not scored yet
     return total
+
+# %% ../chapters/11_decoder_only.ipynb #c043u
+@contextlib.contextmanager
+def ablate_heads(model: GPT, heads: dict):
+    """Switch attention heads off inside the block: heads = {layer: [head, ...]} (0-based indices of
+    model.blocks and of the heads). A head's output, its d_k columns of Concat(head_1, ..., head_h), is set to
+    zero before W_o, so it adds nothing to the residual stream (W_o's bias still does). Done with forward
+    pre-hooks on W_o, removed when the block ends, by an exception too:
+
+        with ablate_heads(gpt, {0: [1]}):          # the first layer's head 1 off
+            logits = gpt(tokens)
+    """
+    if not isinstance(model, GPT):
+        raise ValueError(f"model must be a GPT, got {describe(model)}")
+    L, h, d_k = model.config.num_layers, model.config.num_heads, model.config.d_model // model.config.num_heads
+    if not isinstance(heads, dict):
+        raise ValueError(f"heads must be a dict {{layer: [head, ...]}}, got {describe(heads)}")
+    for layer, which in heads.items():
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < L:
+            raise ValueError(f"heads: every layer must be an int in [0, num_layers) = [0, {L}), got {describe(layer)}")
+        if not isinstance(which, (list, tuple, set, range)) or not all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < h for i in which):
+            raise ValueError(f"heads[{layer}] must be a list of ints in [0, num_heads) = [0, {h}), got "
+                             f"{describe(which)}")
+
+    def zero_columns(columns):
+        def hook(module, args):                            # args[0]: Concat(head_1, ..., head_h), (..., d_model)
+            return (args[0].masked_fill(columns, 0.0), *args[1:])
+        return hook
+
+    handles = []
+    try:
+        for layer, which in heads.items():
+            if not which:
+                continue
+            W_o = model.blocks[layer].self_attn.W_o
+            columns = torch.zeros(model.config.d_model, dtype=torch.bool, device=W_o.weight.device)
+            for i in which:
+                columns[i * d_k:(i + 1) * d_k] = True
+            handles.append(W_o.register_forward_pre_hook(zero_columns(columns)))
+        yield model
+    finally:
+        for handle in handles:
+            handle.remove()
 
 # %% ../chapters/11_decoder_only.ipynb #c043b
 def gpt2_from_pretrained(name_or_path="gpt2", dtype=torch.float32):
