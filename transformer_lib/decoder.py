@@ -21,6 +21,8 @@ class DecoderLayer(nn.Module):
     Options, all in the constructor (as nn.TransformerDecoderLayer): activation of the FFN, eps and norm (the
     normalisation's epsilon and class), bias (in the projections and the FFN), scale (None = 1/√d_k), and
     cross_attention=False for a decoder-only model (GPT, Chapter 11): self-attention and FFN only, no memory.
+    num_kv_heads and rotary (grouped-query attention, RoPE) go to the self-attention, gated to the FFN
+    (Chapter 14's Llama block).
     forward: x (B, T, d_model) embedded target, memory (B, S, d_model) encoder output,
              src_mask bool (B|1, h|1, T|1, S), tgt_mask bool (B|1, h|1, T|1, T) -> (B, T, d_model).
     The causal mask is always applied; tgt_mask (e.g. target padding) can only remove more keys.
@@ -33,13 +35,14 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1, norm_first: bool = False,
                  activation: str = "relu", eps: float = 1e-5, norm=LayerNorm, bias: bool = True, scale=None,
-                 cross_attention: bool = True):
+                 cross_attention: bool = True, num_kv_heads=None, rotary=None, gated: bool = False):
         super().__init__()
         self.d_model = check_int("d_model", d_model)
-        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout, bias, scale)   # masked, over the target
+        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout, bias, scale,    # masked, over the target
+                                            num_kv_heads, rotary)
         self.cross_attn = (MultiHeadAttention(d_model, num_heads, dropout, bias, scale)  # Q: target; K, V: memory
                            if check_bool("cross_attention", cross_attention) else None)
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout, activation, bias)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout, activation, bias, gated)
         # around self-attention, cross-attention and the FFN; without cross-attention (GPT-2) two sublayers
         for i in range(1, 4 if cross_attention else 3):
             self.add_module(f"sublayer{i}", SublayerConnection(d_model, dropout, norm_first, eps, norm))

@@ -12,8 +12,9 @@ from .validation import (check_bool, check_int, check_probability, check_same_dt
 
 # %% ../chapters/04_feed_forward.ipynb #c009
 # The nonlinearity between the two layers. The paper uses ReLU; Part III's models use GELU, x·Φ(x)
-# (Hendrycks and Gimpel, 2016): BERT and ViT the exact form, GPT-2 its tanh approximation.
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+# (Hendrycks and Gimpel, 2016): BERT and ViT the exact form, GPT-2 its tanh approximation; Llama (Chapter 14)
+# SiLU, x·σ(x), in a gated FFN.
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu}
 
 
 class PositionwiseFeedForward(nn.Module):
@@ -23,10 +24,12 @@ class PositionwiseFeedForward(nn.Module):
     nn.TransformerEncoderLayer (the paper's residual dropout lives in SublayerConnection, Chapter 5).
     activation: "relu" (the paper's max(0, .)), "gelu" or "gelu_tanh" (see ACTIVATIONS).
     bias=False drops b_1 and b_2 (T5, Chapter 12, has no biases anywhere).
+    gated=True: a gated linear unit (Shazeer, 2020), FFN(x) = (act(x W_1) ⊙ x V) W_2, with a third matrix V
+    (linear_v); with activation="silu" this is SwiGLU, Llama's FFN (Chapter 14).
     """
 
     def __init__(self, d_model: int, d_ff: int, dropout: float = 0.1, activation: str = "relu",
-                 bias: bool = True):
+                 bias: bool = True, gated: bool = False):
         super().__init__()
         self.d_model, self.d_ff = check_int("d_model", d_model), check_int("d_ff", d_ff)
         if not isinstance(activation, str) or activation not in ACTIVATIONS:
@@ -34,6 +37,7 @@ class PositionwiseFeedForward(nn.Module):
         self.activation = activation
         self.linear1 = nn.Linear(d_model, d_ff, bias=check_bool("bias", bias))   # W_1, b_1 (weight stored as W_1ᵀ)
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)                       # W_2, b_2 (weight stored as W_2ᵀ: (d_model, d_ff))
+        self.linear_v = nn.Linear(d_model, d_ff, bias=bias) if check_bool("gated", gated) else None   # V (gated)
         self.dropout = nn.Dropout(check_probability("dropout", dropout))
 
     def forward(self, x):
@@ -41,4 +45,6 @@ class PositionwiseFeedForward(nn.Module):
             check_tensor("x", x, last=self.d_model, floating=True, shape_text=f"(..., d_model={self.d_model})")
             check_same_dtype("the module", self.linear1.weight, x=x)
         hidden = ACTIVATIONS[self.activation](self.linear1(x))    # (..., d_ff)
+        if self.linear_v is not None:
+            hidden = hidden * self.linear_v(x)                    # (..., d_ff): the gate
         return self.linear2(self.dropout(hidden))                 # (..., d_model)

@@ -29,9 +29,16 @@ def _recording(module) -> list:
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W_o,  head_i = Attention(Q W_q_i, K W_k_i, V W_v_i)
     (Vaswani et al., 2017, section 3.2.2). The h projections of one kind are stored side by side in one
-    nn.Linear(d_model, d_model): head i owns output features i*d_k ... (i+1)*d_k - 1."""
+    nn.Linear(d_model, d_model): head i owns output features i*d_k ... (i+1)*d_k - 1.
 
-    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.1, bias: bool = True, scale=None):
+    Two options used by Chapter 14's modern decoder (the defaults are the paper's attention):
+    num_kv_heads: grouped-query attention, num_kv_heads key/value heads (W_k, W_v: d_model -> num_kv_heads d_k),
+        each shared by num_heads / num_kv_heads consecutive query heads; the cache keeps only those. None = num_heads.
+    rotary: a module rotary(x (B, heads, n, d_k), offset) -> x with each position rotated by its angle (RoPE),
+        applied to Q and to the new K; offset = the positions already cached. None: no rotation."""
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.1, bias: bool = True, scale=None,
+                 num_kv_heads=None, rotary=None):
         super().__init__()
         check_int("d_model", d_model)
         check_int("num_heads", num_heads)
@@ -39,17 +46,24 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"d_model={d_model} must be divisible by num_heads={num_heads}: "
                              f"each head gets d_k = d_model / num_heads features")
         self.d_model, self.num_heads, self.d_k = d_model, num_heads, d_model // num_heads
+        self.num_kv_heads = num_heads if num_kv_heads is None else check_int("num_kv_heads", num_kv_heads)
+        if num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads={num_heads} must be divisible by num_kv_heads={num_kv_heads}: each "
+                             f"key/value head serves the same number of query heads")
+        if rotary is not None and not isinstance(rotary, nn.Module):
+            raise ValueError(f"rotary must be None or a module rotary(x, offset), got {type(rotary).__name__}")
+        self.rotary = rotary
         # the factor of the scores: None = 1/√d_k (the paper); T5 (Chapter 12) uses 1
         self.scale = None if scale is None else check_float("scale", scale, low_open=True, high_open=True)
         self.W_q = nn.Linear(d_model, d_model, bias=check_bool("bias", bias))   # [W_q_1 | ... | W_q_h], transposed
-        self.W_k = nn.Linear(d_model, d_model, bias=bias)
-        self.W_v = nn.Linear(d_model, d_model, bias=bias)
+        self.W_k = nn.Linear(d_model, self.num_kv_heads * self.d_k, bias=bias)   # d_model unless grouped
+        self.W_v = nn.Linear(d_model, self.num_kv_heads * self.d_k, bias=bias)
         self.W_o = nn.Linear(d_model, d_model, bias=bias)
         self.dropout = nn.Dropout(check_probability("dropout", dropout))      # on the attention weights
 
-    def split_heads(self, x):                               # (B, n, d_model) -> (B, h, n, d_k)
+    def split_heads(self, x, heads=None):                   # (B, n, d_model) -> (B, h, n, d_k)
         B, n, _ = x.shape
-        return x.view(B, n, self.num_heads, self.d_k).transpose(1, 2)
+        return x.view(B, n, heads or self.num_heads, self.d_k).transpose(1, 2)
 
     def merge_heads(self, x):                               # (B, h, n, d_k) -> (B, n, d_model)
         B, h, n, d_k = x.shape
@@ -72,18 +86,28 @@ class MultiHeadAttention(nn.Module):
         else:
             reuse = cache is not None and cache.static and cache.k is not None
         Q = self.split_heads(self.W_q(query))               # (B, h, n_q, d_k)
+        t = 0 if cache is None or cache.static else len(cache)   # positions before these queries (for rotary)
+        if self.rotary is not None:
+            Q = self.rotary(Q, t)
         if reuse:                                           # static cache: the memory was projected before
             K, V = cache.k, cache.v
         else:
-            K = self.split_heads(self.W_k(key))             # (B, h, n_k, d_k)
-            V = self.split_heads(self.W_v(value))           # (B, h, n_k, d_k)
+            K = self.split_heads(self.W_k(key), self.num_kv_heads)    # (B, h_kv, n_k, d_k); h_kv = h unless
+            V = self.split_heads(self.W_v(value), self.num_kv_heads)  # grouped (Chapter 14)
+            if self.rotary is not None:
+                K = self.rotary(K, t)
             if mask is not None:    # a key no query may see cannot matter, even holding NaN (Chapter 1): zero the
                 seen = mask.any(-2).unsqueeze(-1)[..., -K.size(2):, :]   # new ones; cached ones were, when new
+                if self.num_kv_heads != self.num_heads:
+                    seen = seen.any(1, keepdim=True)        # a shared K/V head: zeroed if no query head sees it
                 K, V = torch.where(seen, K, 0.0), torch.where(seen, V, 0.0)
             if cache is not None:                           # remember them; attend over past + new positions
                 if len(cache):
                     K, V = torch.cat([cache.k, K], dim=2), torch.cat([cache.v, V], dim=2)
                 cache.k, cache.v = K, V
+        if self.num_kv_heads != self.num_heads:             # each K/V head serves h / h_kv query heads
+            K = K.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)     # (B, h, n_k, d_k)
+            V = V.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
         record = _recording(self) if _RECORDERS.get() else ()     # inside attention_maps(...) (below)?
         n_q, n_k = Q.size(2), K.size(2)
         if is_causal and (need_weights or record or mask is not None or attn_bias is not None or n_q != n_k):
@@ -171,6 +195,8 @@ def copy_to_torch_mha(mha: MultiHeadAttention, torch_mha: nn.MultiheadAttention)
     if (torch_mha.embed_dim, torch_mha.num_heads) != (mha.d_model, mha.num_heads) or torch_mha.in_proj_weight is None:
         raise ValueError(f"torch_mha must have embed_dim={mha.d_model}, num_heads={mha.num_heads} and kdim = vdim = "
                          f"embed_dim, got embed_dim={torch_mha.embed_dim}, num_heads={torch_mha.num_heads}")
+    if mha.num_kv_heads != mha.num_heads or mha.rotary is not None:
+        raise ValueError("mha must have num_kv_heads = num_heads and no rotary: nn.MultiheadAttention has neither")
     if (torch_mha.in_proj_bias is None) != (mha.W_q.bias is None):
         raise ValueError("torch_mha and mha must agree on bias (both with biases or both without)")
     with torch.no_grad():

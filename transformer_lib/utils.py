@@ -105,7 +105,8 @@ def plot_architecture(highlight=None, ax=None, scale: float = 1.0, shapes: bool 
     scale: size factor for the new figure and its text (e.g. 0.5 for a small "you are here" map).
     shapes: write the tensor shapes beside the blocks.
     family: "encoder-decoder" (the paper's model), "encoder-only" (Chapter 10: the encoder, pooled and classified)
-        or "decoder-only" (Chapter 11: GPT-2's pre-norm decoder, no cross-attention, no encoder).
+        "decoder-only" (Chapter 11: GPT-2's pre-norm decoder, no cross-attention, no encoder) or "llama"
+        (Chapter 14: the same decoder with RMSNorm, RoPE inside the attention, grouped-query attention, SwiGLU).
     """
     import matplotlib.pyplot as plt  # imported here: the library itself needs only torch and numpy
     from matplotlib.patches import FancyBboxPatch
@@ -120,8 +121,9 @@ def plot_architecture(highlight=None, ax=None, scale: float = 1.0, shapes: bool 
                          f"got {highlight!r}")
     check_float("scale", scale, 0.0, 10.0, low_open=True)
     check_bool("shapes", shapes)
-    if family not in ("encoder-decoder", "encoder-only", "decoder-only"):
-        raise ValueError(f"family must be 'encoder-decoder', 'encoder-only' or 'decoder-only', got {family!r}")
+    if family not in ("encoder-decoder", "encoder-only", "decoder-only", "llama"):
+        raise ValueError(f"family must be 'encoder-decoder', 'encoder-only', 'decoder-only' or 'llama', got {family!r}")
+    single = family in ("decoder-only", "llama")                 # one decoder stack, no encoder
     chosen = set(names)
     if chosen & {"attention", "multi-head"}:                     # one block: attention inside multi-head
         chosen |= {"attention", "multi-head"}
@@ -186,12 +188,12 @@ def plot_architecture(highlight=None, ax=None, scale: float = 1.0, shapes: bool 
                                     else 1.2, ls="--"))
         ax.text(x - 2.2, top - 0.22, "N x", ha="left", va="center", fontsize=1.1 * fs, weight="bold",
                 color="#555555" if on else grey_text)
-        label = {"encoder": "ch. 6", "decoder": "ch. 11" if family == "decoder-only" else "ch. 7"}[stack]
+        label = {"encoder": "ch. 6", "decoder": {"decoder-only": "ch. 11", "llama": "ch. 14"}.get(family, "ch. 7")}[stack]
         ax.text(x + 2.2, top - 0.22, label, ha="right", va="center",
                 fontsize=0.8 * fs, color="#555555" if on else grey_text)
         arrow(x, 2.26, x, y - 0.26)
         for i, (text, kind, note) in enumerate(sublayers):
-            box(x, ys[i], text, kind, {stack}, CHAPTER_OF[kind])
+            box(x, ys[i], text, kind, {stack}, (LLAMA_CHAPTER_OF if family == "llama" else CHAPTER_OF)[kind])
             if note:
                 shape(sx, ys[i], note)
             if i + 1 < len(sublayers):
@@ -201,6 +203,7 @@ def plot_architecture(highlight=None, ax=None, scale: float = 1.0, shapes: bool 
         return ys, top
 
     CHAPTER_OF = {"attention": "ch. 1-2", "add-norm": "ch. 5", "feed-forward": "ch. 4"}
+    LLAMA_CHAPTER_OF = {"attention": "ch. 2, 14", "add-norm": "ch. 12", "feed-forward": "ch. 4, 14"}
 
     def heads_above(x, top, parts, rows, arrow_from):
         """The boxes above a stack (final norm, output layers): returns their y positions."""
@@ -256,11 +259,21 @@ def plot_architecture(highlight=None, ax=None, scale: float = 1.0, shapes: bool 
                           "+ learned positions")
         ax.text(dx - 2.2, dtop + 0.1, "pre-norm: LayerNorm, then the sub-layer; its input is added (grey)",
                 fontsize=0.8 * fs, color="#555555", ha="left", va="bottom")
+    if family == "llama":                                        # Chapter 14: Llama's pre-norm blocks
+        dec_sub = [("RMSNorm", "add-norm", ""), ("Masked GQA attention + RoPE", "attention",
+                                                 "weights (B, h, T, T)"),
+                   ("RMSNorm", "add-norm", ""), ("SwiGLU feed-forward", "feed-forward", "hidden (B, T, d_ff)")]
+        dp, dtop = column(dx, +1, "T", "tokens", dec_sub, dx + 2.45, "decoder", "Token embedding (no scaling)",
+                          "no position added (RoPE)")
+        ax.text(dx - 2.2, dtop + 0.1, "pre-norm: RMSNorm, then the sub-layer; its input is added (grey)",
+                fontsize=0.8 * fs, color="#555555", ha="left", va="bottom")
     if family != "encoder-only":
-        heads = heads_above(dx, dtop + (0.3 if family == "decoder-only" else 0), {"decoder"},
-                            [("final LayerNorm" + (" *" if family == "encoder-decoder" else ""), "add-norm", "ch. 5"),
-                             ("Linear (generator)", "output", "ch. 11" if family == "decoder-only" else "ch. 7"),
-                             ("Softmax", "output", "ch. 11" if family == "decoder-only" else "ch. 7")],
+        out_chapter = {"decoder-only": "ch. 11", "llama": "ch. 14"}.get(family, "ch. 7")
+        final = {"encoder-decoder": ("final LayerNorm *", "ch. 5"), "llama": ("final RMSNorm", "ch. 12")}.get(
+            family, ("final LayerNorm", "ch. 5"))
+        heads = heads_above(dx, dtop + (0.3 if single else 0), {"decoder"},
+                            [(final[0], "add-norm", final[1]), ("Linear (generator)", "output", out_chapter),
+                             ("Softmax", "output", out_chapter)],
                             dp[-1] + 0.26)
         shape(dx - W / 2 - 0.15, heads[1], "logits (B, T, V)", ha="right")
         shape(dx - W / 2 - 0.15, heads[2], "probabilities (B, T, V)", ha="right")
@@ -272,13 +285,14 @@ def plot_architecture(highlight=None, ax=None, scale: float = 1.0, shapes: bool 
             ax.plot([dx - W / 2, dx - W / 2 - 0.2, dx - W / 2 - 0.2], [1.1, 1.1, 0.5], **tie)
         ax.text(5.0, 0.58, "one shared matrix when tie_embeddings=True", color=tie["color"], fontsize=0.9 * fs,
                 ha="center", va="bottom")
-    if family != "decoder-only":
+    if not single:
         ax.text(-0.1, 11.75, "* not in the paper's Figure 1: nn.Transformer's final LayerNorms (the book's default)",
                 fontsize=0.8 * fs, color="#555555", ha="left", va="center")
     if highlight is None:
         name = {"encoder-decoder": "The Transformer (after Vaswani et al., 2017, Figure 1)",
                 "encoder-only": "The encoder-only Transformer (Chapter 10)",
-                "decoder-only": "The decoder-only Transformer, GPT-2 (Chapter 11)"}[family]
+                "decoder-only": "The decoder-only Transformer, GPT-2 (Chapter 11)",
+                "llama": "Today's decoder, Llama (Chapter 14)"}[family]
         ax.set_title(name + (", with tensor shapes" if shapes else ""), fontsize=1.2 * fs)
     else:
         ax.set_title("You are here: " + ", ".join(names) + " (in colour)", fontsize=1.2 * fs)
