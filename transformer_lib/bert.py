@@ -2,8 +2,8 @@
 
 # %% auto #0
 __all__ = ['IGNORE_INDEX', 'BertConfig', 'BertEmbeddings', 'init_bert_weights', 'BertModel', 'BertForMaskedLM', 'BertClassifier',
-           'bert_hf_names', 'load_hf_bert', 'to_hf_bert', 'mask_tokens', 'token_cross_entropy', 'bert_from_pretrained',
-           'bert_fill_mask']
+           'BertForQuestionAnswering', 'bert_hf_names', 'load_hf_bert', 'to_hf_bert', 'mask_tokens',
+           'token_cross_entropy', 'span_loss', 'bert_from_pretrained', 'bert_fill_mask']
 
 # %% ../chapters/10_encoder_only.ipynb #c030
 import dataclasses
@@ -197,6 +197,22 @@ class BertClassifier(nn.Module):
         pooled = self.bert.pool(hidden)                                          # (B, d_model)
         return self.head(self.dropout(pooled))                                   # (B, num_classes)
 
+
+class BertForQuestionAnswering(nn.Module):
+    """BertModel (without pooler) and a span head, BERT's recipe for extractive question answering (Devlin et al.,
+    2019, section 4.2): one linear layer scores every position as the answer's start and as its end.
+    forward(tokens, segment_ids=None, mask=None) -> logits (B, S, 2): [..., 0] the start scores, [..., 1] the end
+    scores (Hugging Face's start_logits and end_logits). span_loss trains it."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.bert = BertModel(config, add_pooler=False)
+        self.qa_outputs = nn.Linear(config.d_model, 2)
+        init_bert_weights(self.qa_outputs)
+
+    def forward(self, tokens, segment_ids=None, mask=None):
+        return self.qa_outputs(self.bert(tokens, segment_ids, mask))             # (B, S, 2)
+
 # %% ../chapters/10_encoder_only.ipynb #c037
 def _hf_names(num_layers: int) -> dict:
     """Our module names -> Hugging Face's (BertModel / BertForMaskedLM, without the 'bert.' prefix)."""
@@ -219,14 +235,18 @@ def _hf_names(num_layers: int) -> dict:
 def bert_hf_names(model) -> dict:
     """Each of our state_dict keys -> Hugging Face's key, for a BertModel or a BertForMaskedLM (the name map of
     the table above, one entry per tensor)."""
-    if isinstance(model, BertForMaskedLM):
+    if isinstance(model, (BertForMaskedLM, BertForQuestionAnswering)):
         modules = {f"bert.{ours}": f"bert.{theirs}" for ours, theirs in _hf_names(model.bert.config.num_layers).items()}
-        modules |= {"transform": "cls.predictions.transform.dense", "norm": "cls.predictions.transform.LayerNorm",
-                    "bias": "cls.predictions.bias"}
+        if isinstance(model, BertForMaskedLM):
+            modules |= {"transform": "cls.predictions.transform.dense", "norm": "cls.predictions.transform.LayerNorm",
+                        "bias": "cls.predictions.bias"}
+        else:
+            modules |= {"qa_outputs": "qa_outputs"}
     elif isinstance(model, BertModel):
         modules = _hf_names(model.config.num_layers)
     else:
-        raise ValueError(f"model must be a BertModel or BertForMaskedLM, got {describe(model)}")
+        raise ValueError(f"model must be a BertModel, BertForMaskedLM or BertForQuestionAnswering, got "
+                         f"{describe(model)}")
     names = {}
     for key in model.state_dict():                       # e.g. "encoder.layers.0.self_attn.W_q.weight"
         module, _, param = key.rpartition(".")
@@ -238,15 +258,16 @@ def _bert_bridge(model):
     """The name map, the hint and the keys of theirs that need no place in ours (the output layer tied to the
     embedding, the position-id buffer, and a pooler when ours has none)."""
     names = bert_hf_names(model)
-    bert = model.bert if isinstance(model, BertForMaskedLM) else model
+    bert = model.bert if isinstance(model, (BertForMaskedLM, BertForQuestionAnswering)) else model
     ignore = ("cls.predictions.decoder", "position_ids") + (("pooler",) if bert.pooler is None else ())
     return names, ("build ours with BertConfig.from_hf(hf_model.config) (add_pooler=False for a BertModel "
                    "without its pooler)"), ignore
 
 
 def load_hf_bert(model, hf_model):
-    """Copy the weights of a Hugging Face BertModel into our BertModel, or of a BertForMaskedLM into our
-    BertForMaskedLM (built with the same config: BertConfig.from_hf(hf_model.config)). Returns model."""
+    """Copy the weights of a Hugging Face BertModel into our BertModel, or of a BertForMaskedLM (a
+    BertForQuestionAnswering) into ours (built with the same config: BertConfig.from_hf(hf_model.config)).
+    Returns model."""
     names, hint, ignore = _bert_bridge(model)
     return load_by_names(model, hf_state_dict(hf_model), names, hint, ignore)
 
@@ -311,6 +332,21 @@ def token_cross_entropy(logits, labels):
         raise ValueError(f"labels must hold token ids in [0, {logits.size(-1) - 1}] or IGNORE_INDEX ({IGNORE_INDEX}) "
                          f"(V = logits.size(-1) = {logits.size(-1)}): {error}") from None
     return total / counted.clamp(min=1)                            # the mean, and 0 (not 0/0) for no position
+
+
+def span_loss(logits, start, end):
+    """The loss of a span head (BertForQuestionAnswering): the mean of the cross-entropies of the start scores
+    against the answer's first token and of the end scores against its last token, over the batch.
+    logits (B, S, 2); start, end (B,) positions with 0 <= start <= end < S."""
+    check_tensor("logits", logits, dim=3, last=2, floating=True, shape_text="(B, S, 2)")
+    B, S = logits.shape[:2]
+    for name, x in (("start", start), ("end", end)):
+        check_tensor(name, x, dim=1, floating=False, shape_text=f"(B,) = ({B},) positions")
+        if x.size(0) != B:
+            raise ValueError(f"{name} must have shape (B,) = ({B},), got {describe(x)}")
+    if not bool(((0 <= start) & (start <= end) & (end < S)).all()):
+        raise ValueError(f"start and end must satisfy 0 <= start <= end < S = {S} in every row")
+    return (F.cross_entropy(logits[..., 0], start) + F.cross_entropy(logits[..., 1], end)) / 2
 
 # %% ../chapters/10_encoder_only.ipynb #c043b
 def bert_from_pretrained(name_or_path="bert-base-uncased", dtype=torch.float32):
