@@ -126,7 +126,7 @@ test-notebooks-training: venv
 
 # Stored outputs are made on one CPU and compared on another. Re-run nbval with PyTorch's portable (non-vector)
 # kernels and MKL limited to SSE4.2: a printed float that depends on the CPU's vector units fails here, on the
-# machine that stored it, instead of in CI on another. Chapters 8, 11, 12 and 13 are left out: their
+# machine that stored it, instead of in CI on another. Chapters 8, 11, 12, 13 and 14 are left out: their
 # training runs (one to three minutes each) would double the stage, and the outputs they compare after training
 # are fixed text (their claims are asserts). In `make test` this run replaces the default-kernel run of the same
 # chapters: their outputs, stored with this machine's vector kernels, must equal what the portable kernels print,
