@@ -7,8 +7,15 @@ import torch.nn.functional as F
 from helpers import import_hf, max_diff, noisy
 
 from transformer_lib.attention import padding_mask
-from transformer_lib.bert import (BertConfig, BertForMaskedLM, BertForQuestionAnswering, bert_hf_names, load_hf_bert,
-                                  span_loss, to_hf_bert)
+from transformer_lib.bert import (
+    BertConfig,
+    BertForMaskedLM,
+    BertForQuestionAnswering,
+    bert_hf_names,
+    load_hf_bert,
+    span_loss,
+    to_hf_bert,
+)
 
 PAD = 0
 

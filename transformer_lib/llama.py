@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 
 from .decoder import DecoderLayer
+from .gpt import decoder_door
 from .hf import hf_state_dict, load_by_names, save_by_names
 from .t5 import RMSNorm
 from .validation import (check_bool, check_float, check_int, check_mask, check_probability, check_same_dtype,
@@ -162,16 +163,7 @@ class Llama(nn.Module):
         return [block.new_cache() for block in self.blocks]
 
     def forward(self, tokens, mask=None, cache=None):
-        check_tensor("tokens", tokens, dim=2, floating=False, shape_text="(B, length)")
-        if cache is not None and (not isinstance(cache, list) or len(cache) != len(self.blocks)
-                                  or not all(isinstance(c, tuple) and len(c) == 2 for c in cache)):
-            raise ValueError(f"cache must come from Llama.new_cache(), got {describe(cache)}")
-        t, (B, T) = 0 if cache is None else len(cache[0][0]), tokens.shape
-        if t + T > self.config.max_len:
-            raise ValueError(f"positions {t}..{t + T - 1} do not fit in max_len={self.config.max_len}: "
-                             f"tokens has T={T} positions after {t} cached ones")
-        if mask is not None:
-            check_mask("mask", mask, (B, self.config.num_heads, T, t + T), "(B, h, T, t + T)")
+        t, B, T = decoder_door(self, tokens, mask, cache)            # Chapter 11's checks
         if self.config.sliding_window is not None:                             # Mistral: a band of the past
             window = sliding_window_mask(T, t + T, self.config.sliding_window, tokens.device)[None, None]
             mask = window if mask is None else mask & window                   # (B|1, h|1, T, t + T)

@@ -251,21 +251,16 @@ def plot_architecture(highlight=None, ax=None, scale: float = 1.0, shapes: bool 
         arrow(xm, dp[2], dx - W / 2, dp[2], color=red)
         ax.text(xm - 0.08, dp[2] + 0.45, "K, V", fontsize=0.9 * fs, color=red, ha="right", va="center")
         ax.text(ex + 0.1, ym + 0.2, "memory, read by every decoder layer", fontsize=0.9 * fs, color=red, ha="left")
-    if family == "decoder-only":                                 # Chapter 11: GPT-2's pre-norm blocks
-        dec_sub = [("LayerNorm", "add-norm", ""), ("Masked multi-head self-attention", "attention",
-                                                   "weights (B, h, T, T)"),
-                   ("LayerNorm", "add-norm", ""), ("Feed-forward", "feed-forward", "hidden (B, T, d_ff)")]
+    if single:                                   # Chapter 11: GPT-2's pre-norm blocks; Chapter 14: Llama's
+        llama = family == "llama"
+        norm = "RMSNorm" if llama else "LayerNorm"
+        dec_sub = [(norm, "add-norm", ""), ("Masked GQA attention + RoPE" if llama else
+                                            "Masked multi-head self-attention", "attention", "weights (B, h, T, T)"),
+                   (norm, "add-norm", ""), ("SwiGLU feed-forward" if llama else "Feed-forward", "feed-forward",
+                                            "hidden (B, T, d_ff)")]
         dp, dtop = column(dx, +1, "T", "tokens", dec_sub, dx + 2.45, "decoder", "Token embedding (no scaling)",
-                          "+ learned positions")
-        ax.text(dx - 2.2, dtop + 0.1, "pre-norm: LayerNorm, then the sub-layer; its input is added (grey)",
-                fontsize=0.8 * fs, color="#555555", ha="left", va="bottom")
-    if family == "llama":                                        # Chapter 14: Llama's pre-norm blocks
-        dec_sub = [("RMSNorm", "add-norm", ""), ("Masked GQA attention + RoPE", "attention",
-                                                 "weights (B, h, T, T)"),
-                   ("RMSNorm", "add-norm", ""), ("SwiGLU feed-forward", "feed-forward", "hidden (B, T, d_ff)")]
-        dp, dtop = column(dx, +1, "T", "tokens", dec_sub, dx + 2.45, "decoder", "Token embedding (no scaling)",
-                          "no position added (RoPE)")
-        ax.text(dx - 2.2, dtop + 0.1, "pre-norm: RMSNorm, then the sub-layer; its input is added (grey)",
+                          "no position added (RoPE)" if llama else "+ learned positions")
+        ax.text(dx - 2.2, dtop + 0.1, f"pre-norm: {norm}, then the sub-layer; its input is added (grey)",
                 fontsize=0.8 * fs, color="#555555", ha="left", va="bottom")
     if family != "encoder-only":
         out_chapter = {"decoder-only": "ch. 11", "llama": "ch. 14"}.get(family, "ch. 7")
