@@ -1089,6 +1089,7 @@ PLAIN_CASES = [
     ("BertConfig/pad_id=V", lambda: brt.BertConfig(vocab_size=V, pad_id=V), err("pad_id", "vocab")),
     ("BertConfig/dropout=1.0", lambda: brt.BertConfig(dropout=1.0), err("dropout", PROB)),
     ("BertConfig/eps=0", lambda: brt.BertConfig(eps=0.0), err("eps", r"\(0")),
+    ("BertConfig/init_std<0", lambda: brt.BertConfig(init_std=-0.02), err("init_std", r"\[0")),
     ("BertModel/config-dict", lambda: brt.BertModel({"vocab_size": V}), err("config", "BertConfig")),
     ("BertClassifier/num_classes=1", lambda: brt.BertClassifier(brt.BertConfig(vocab_size=V, d_model=D, num_layers=1, num_heads=H, d_ff=FF, max_len=8), 1), err("num_classes", INT)),
     ("mask_tokens/mask_prob=1.5", lambda: brt.mask_tokens(ids(2, 3), 2, V, mask_prob=1.5), err("mask_prob", r"\[0, 1\]")),

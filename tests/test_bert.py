@@ -6,6 +6,7 @@ import socket
 
 import pytest
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 from helpers import assert_download_fails, import_hf, max_diff, noisy, randomize
 
@@ -15,6 +16,7 @@ from transformer_lib.bert import (
     BertConfig,
     BertEmbeddings,
     BertForMaskedLM,
+    BertForQuestionAnswering,
     BertModel,
     load_hf_bert,
     mask_tokens,
@@ -80,9 +82,23 @@ def hf_pair(seed=0):
 
 def test_from_hf_reads_every_size():
     cfg = BertConfig.from_hf(hf_config(layer_norm_eps=1e-7, hidden_dropout_prob=0.2,
-                                       attention_probs_dropout_prob=0.2, pad_token_id=3))
+                                       attention_probs_dropout_prob=0.2, pad_token_id=3, initializer_range=0.05))
     assert cfg == BertConfig(vocab_size=V, d_model=32, num_layers=2, num_heads=4, d_ff=48, max_len=20,
-                             type_vocab_size=3, dropout=0.2, eps=1e-7, pad_id=3)
+                             type_vocab_size=3, dropout=0.2, eps=1e-7, pad_id=3, init_std=0.05)
+
+
+@pytest.mark.parametrize("std", [0.02, 0.1])
+def test_init_std_sets_the_initial_weights_of_body_and_heads(std):
+    """BertConfig.init_std (Hugging Face's initializer_range) reaches every linear and embedding weight, heads
+    included; biases start at 0 and LayerNorm gains at 1."""
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=500, d_model=64, num_layers=2, num_heads=4, d_ff=128, max_len=64, init_std=std)
+    for model in (BertModel(cfg), BertForMaskedLM(cfg), BertClassifier(cfg, 3), BertForQuestionAnswering(cfg)):
+        weights = [m.weight for m in model.modules() if isinstance(m, (nn.Linear, nn.Embedding))]
+        pooled = torch.cat([w.detach().flatten() for w in weights])
+        assert abs(pooled.std().item() / std - 1) < 0.02
+        assert all(abs(w.detach().std().item() / std - 1) < 0.5 for w in weights)   # each matrix, not only the sum
+        assert all((m.bias == 0).all() for m in model.modules() if isinstance(m, nn.Linear))
 
 
 def test_bert_equals_hugging_face_with_padding():

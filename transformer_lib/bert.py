@@ -7,6 +7,7 @@ __all__ = ['IGNORE_INDEX', 'BertConfig', 'BertEmbeddings', 'init_bert_weights', 
 
 # %% ../chapters/10_encoder_only.ipynb #c030
 import dataclasses
+import functools
 import math
 
 import torch
@@ -38,12 +39,14 @@ class BertConfig:
     dropout: float = 0.1
     eps: float = 1e-12                # LayerNorm's epsilon
     pad_id: int = 0
+    init_std: float = 0.02            # the weights' initial std (initializer_range in Hugging Face)
 
     def __post_init__(self):
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "max_len", "type_vocab_size"):
             check_int(name, getattr(self, name))
         check_probability("dropout", self.dropout)
         check_float("eps", self.eps, 0.0, math.inf, low_open=True, high_open=True)   # inf: the output = the bias
+        check_float("init_std", self.init_std, 0.0, math.inf, high_open=True)
         if check_int("pad_id", self.pad_id, 0) >= self.vocab_size:
             raise ValueError(f"pad_id must lie in [0, vocab_size) = [0, {self.vocab_size}), got {self.pad_id}")
         if self.d_model % self.num_heads:
@@ -62,7 +65,8 @@ class BertConfig:
         return cls(hf_config.vocab_size, hf_config.hidden_size, hf_config.num_hidden_layers,
                    hf_config.num_attention_heads, hf_config.intermediate_size, hf_config.max_position_embeddings,
                    hf_config.type_vocab_size, hf_config.hidden_dropout_prob, hf_config.layer_norm_eps,
-                   hf_config.pad_token_id if hf_config.pad_token_id is not None else 0)
+                   hf_config.pad_token_id if hf_config.pad_token_id is not None else 0,
+                   getattr(hf_config, "initializer_range", 0.02))
 
 # %% ../chapters/10_encoder_only.ipynb #c032
 class BertEmbeddings(nn.Module):
@@ -101,7 +105,8 @@ class BertEmbeddings(nn.Module):
 
 # %% ../chapters/10_encoder_only.ipynb #c033
 def init_bert_weights(module, std: float = 0.02) -> None:
-    """BERT's initialisation: linear and embedding weights from N(0, 0.02^2), biases 0, LayerNorm gains 1."""
+    """BERT's initialisation: linear and embedding weights from N(0, std^2) (BERT: std 0.02), biases 0, LayerNorm
+    gains 1."""
     if not isinstance(module, nn.Module):
         raise ValueError(f"module must be an nn.Module (use model.apply(init_bert_weights)), got {describe(module)}")
     check_float("std", std, 0.0, math.inf, high_open=True)
@@ -134,7 +139,7 @@ class BertModel(nn.Module):
         self.encoder = Encoder(config.num_layers, config.d_model, config.num_heads, config.d_ff, config.dropout,
                                norm_first=False, final_norm=False, activation="gelu", eps=config.eps)
         self.pooler = nn.Linear(config.d_model, config.d_model) if check_bool("add_pooler", add_pooler) else None
-        self.apply(init_bert_weights)
+        self.apply(functools.partial(init_bert_weights, std=config.init_std))
 
 
     def forward(self, tokens, segment_ids=None, mask=None):
@@ -170,7 +175,7 @@ class BertForMaskedLM(nn.Module):
         self.transform = nn.Linear(config.d_model, config.d_model)
         self.norm = LayerNorm(config.d_model, eps=config.eps)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
-        init_bert_weights(self.transform)
+        init_bert_weights(self.transform, config.init_std)
 
     def forward(self, tokens, segment_ids=None, mask=None):
         hidden = self.bert(tokens, segment_ids, mask)                            # (B, S, d_model)
@@ -187,7 +192,7 @@ class BertClassifier(nn.Module):
         self.bert = BertModel(config)
         self.dropout = nn.Dropout(config.dropout)
         self.head = nn.Linear(config.d_model, check_int("num_classes", num_classes, 2))
-        init_bert_weights(self.head)
+        init_bert_weights(self.head, config.init_std)
 
     def forward(self, tokens, segment_ids=None, mask=None):
         hidden = self.bert(tokens, segment_ids, mask)                            # (B, S, d_model); checks tokens
@@ -208,7 +213,7 @@ class BertForQuestionAnswering(nn.Module):
         super().__init__()
         self.bert = BertModel(config, add_pooler=False)
         self.qa_outputs = nn.Linear(config.d_model, 2)
-        init_bert_weights(self.qa_outputs)
+        init_bert_weights(self.qa_outputs, config.init_std)
 
     def forward(self, tokens, segment_ids=None, mask=None):
         return self.qa_outputs(self.bert(tokens, segment_ids, mask))             # (B, S, 2)
