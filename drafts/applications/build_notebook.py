@@ -326,12 +326,39 @@ not help). Make this an exercise or a short measured cell.
 md(r"""
 ## 15.6 Summarization: T5 writes the final state
 
-TODO: move drafts/applications/summarize.py here: the target sentence (every person in order of first appearance,
-their final place and what they carry), the T5 of Chapter 12 (d_model 32, 2 + 2 layers), `rouge-score`'s
-ROUGE-1/2/L {cite}`lin2004rouge` against the lead-sentence baseline, and exact match, which tells what ROUGE hides:
-96 ROUGE-1 but 6 % of summaries right (the places are wrong; the people and the form are right). Then the QA
-recipe's lesson applied to T5 (init scale, curriculum) as the next measurement.
+The encoder-decoder's task: read the story, write **one sentence that states the world's final state**: every
+person in the order they first appear, where they are and what they carry,
+`mary is in the kitchen with the apple , john is in the garden .` The reference is computed from the story's
+state (`tell_story` returns it). Chapter 12's T5 reads the story and generates the summary with `t5_generate`.
+
+Summaries are scored with ROUGE {cite}`lin2004rouge`, the standard measure of summarization: ROUGE-1 and ROUGE-2
+are the F1 of the unigrams and bigrams shared with the reference, ROUGE-L the F1 of their longest common
+subsequence. We use Google's `rouge-score` package, the implementation most papers report. Baselines: the story's
+first sentence ("lead", the classic baseline of news summarization) and its last.
 """)
+code(r'''
+#| export
+SUMMARY_VOCAB = VOCAB + ("in", "with", "and", ",")     # the story's words and the summary's four new ones
+SUMMARY_ID = {w: i for i, w in enumerate(SUMMARY_VOCAB)}
+
+
+def final_state(where, holder):
+    """The reference summary (a word list) of a final state, as tell_story returns it."""
+    clauses = []
+    for person, (place, _) in where.items():                # dicts keep insertion order: first appearance
+        clause = [person, "is", "in", "the", place]
+        for k, o in enumerate(o for o in OBJECTS if holder.get(o) == person):
+            clause += ["with" if k == 0 else "and", "the", o]
+        clauses.append(clause)
+    return [w for k, clause in enumerate(clauses) for w in ([","] if k else []) + clause] + ["."]
+''')
+code(r'''
+# TODO: move summarize.py's to_batch / train / summaries here (T5Config(vocab_size=len(SUMMARY_VOCAB), d_model=32,
+# num_heads=4, d_ff=128, num_layers=2, num_decoder_layers=2, dropout=0.0, pad_id=0, eos_id=SUMMARY_ID["[SEP]"]),
+# AdamW 1e-2, clip 1.0, warm-up 100, 1,200 steps, batch 32: ~80 s one thread), then print ROUGE-1/2/L and exact
+# match for T5, lead and last sentence, assert T5's ROUGE-L beats the lead's by a wide margin, and print the
+# per-part error counts (person / place / objects) that show what ROUGE hides.
+''')
 md(r"""
 ## Summary
 
@@ -343,10 +370,65 @@ md(r"""
 ## Exercises
 
 1. **The one-fact rule, exactly.** Write `where_is(sentences, person)` that returns the person's place at the
-   end of the story. `check_where_is(where_is)` (TODO: exercises/applications.py) runs it on 1,000 generated
-   stories and names the first story it gets wrong.
-2. **Exact match and ROUGE-1 by hand.** TODO, graded against `rouge-score`.
+   end of a story (a list of word lists, as `make_story` returns). `check_where_is(where_is)` runs it on 1,000
+   generated stories and names the first story it gets wrong.
+2. **Where is the apple?** Write `where_is_object(sentences, obj)`: if someone holds the object, that person's
+   place; if it was dropped, the place where it was dropped. `check_where_is_object` grades it the same way.
+   How far is the BERT of 15.5 from your rule on `tests["object"]`?
+3. **ROUGE-1 by hand.** Write `rouge1_f(prediction, reference)` (word lists; count each word at most as often as
+   it occurs in both; F1 of precision and recall). `check_rouge1(rouge1_f)` compares it with `rouge-score` on
+   generated summaries (lower-case words, no punctuation, so that the two tokenisers agree).
 """)
+code(r'''
+#| export exercises.applications
+def check_where_is(where_is, n: int = 1000, seed: int = 7):
+    """Grade where_is(sentences, person) -> place on n generated stories; name the first wrong story."""
+    rng = random.Random(seed)
+    for _ in range(n):
+        sentences, question, (s, w) = make_story(rng, question="person")
+        person, truth = question[2], sentences[s][w]
+        got = where_is(sentences, person)
+        if got != truth:
+            story = "\n".join(" ".join(x) for x in sentences)
+            raise AssertionError(f"where_is(story, {person!r}) returned {got!r}, but {person} is in the {truth}: "
+                                 f"the last sentence that MOVES {person} decides (a pick-up or a drop does not "
+                                 f"move anyone).\n{story}")
+    print(f"correct on all {n} stories")
+
+
+def check_where_is_object(where_is_object, n: int = 1000, seed: int = 8):
+    """Grade where_is_object(sentences, obj) -> place on n generated stories; name the first wrong story."""
+    rng = random.Random(seed)
+    for _ in range(n):
+        sentences, question, (s, w) = make_story(rng, question="object")
+        obj, truth = question[3], sentences[s][w]
+        got = where_is_object(sentences, obj)
+        if got != truth:
+            story = "\n".join(" ".join(x) for x in sentences)
+            raise AssertionError(f"where_is_object(story, {obj!r}) returned {got!r}, but the {obj} is in the "
+                                 f"{truth}: follow the person who last picked it up to where they are now, or, if "
+                                 f"they dropped it, to where they were when they dropped it.\n{story}")
+    print(f"correct on all {n} stories")
+
+
+def check_rouge1(rouge1_f, n: int = 200, seed: int = 9):
+    """Grade rouge1_f(prediction, reference) -> F1 against rouge-score on n pairs of generated summaries."""
+    # TODO: rouge-score becomes a dependency when this lands
+    from rouge_score import rouge_scorer
+    scorer = rouge_scorer.RougeScorer(["rouge1"])
+    rng = random.Random(seed)
+    for _ in range(n):
+        a, b = (tell_story(rng) for _ in range(2))
+        prediction = [w for w in final_state(a[1], a[2]) if w.isalpha()]
+        reference = [w for w in final_state(b[1], b[2]) if w.isalpha()]
+        truth = scorer.score(" ".join(reference), " ".join(prediction))["rouge1"].fmeasure
+        got = float(rouge1_f(prediction, reference))
+        if abs(got - truth) > 1e-6:
+            raise AssertionError(f"rouge1_f gave {got:.4f} but ROUGE-1 F1 is {truth:.4f} for prediction "
+                                 f"{' '.join(prediction)!r} and reference {' '.join(reference)!r}: count each "
+                                 f"word at most min(count in prediction, count in reference) times")
+    print(f"equal to rouge-score on all {n} pairs")
+''')
 
 nb = nbformat.v4.new_notebook(cells=cells, metadata={"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}})
 nbformat.write(nb, "/work/main/drafts/applications/15_applications.ipynb")
