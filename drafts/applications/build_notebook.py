@@ -32,12 +32,17 @@ import random
 import torch
 import torch.nn.functional as F
 
-from transformer_lib.bert import BertConfig, BertForQuestionAnswering
+from transformer_lib.bert import IGNORE_INDEX, BertConfig, BertForQuestionAnswering
 from transformer_lib.validation import check_int, describe
 ''')
 code(r'''
 import time
 
+from rouge_score import rouge_scorer
+
+from transformer_lib.attention import padding_mask
+from transformer_lib.t5 import T5, T5Config, shift_right, t5_generate
+from transformer_lib.training import warmup_linear_scheduler
 from transformer_lib.utils import get_device, seed_everything
 
 seed_everything(0)
@@ -229,9 +234,6 @@ the gradient of $W_q$ is proportional to $W_k$ (and the other way round), so bot
 The cell measures the largest attention weight at initialisation against the uniform $1/n$:
 """)
 code(r'''
-from transformer_lib.attention import padding_mask
-
-
 def peak_attention(init_std, seed=0):
     """Mean over heads and queries of the largest attention weight at initialisation, divided by 1/n."""
     torch.manual_seed(seed)
@@ -353,11 +355,78 @@ def final_state(where, holder):
     return [w for k, clause in enumerate(clauses) for w in ([","] if k else []) + clause] + ["."]
 ''')
 code(r'''
-# TODO: move summarize.py's to_batch / train / summaries here (T5Config(vocab_size=len(SUMMARY_VOCAB), d_model=32,
-# num_heads=4, d_ff=128, num_layers=2, num_decoder_layers=2, dropout=0.0, pad_id=0, eos_id=SUMMARY_ID["[SEP]"]),
-# AdamW 1e-2, clip 1.0, warm-up 100, 1,200 steps, batch 32: ~80 s one thread), then print ROUGE-1/2/L and exact
-# match for T5, lead and last sentence, assert T5's ROUGE-L beats the lead's by a wide margin, and print the
-# per-part error counts (person / place / objects) that show what ROUGE hides.
+#| export
+def summary_batch(examples):
+    """(story words, summary words) pairs -> src (B, S) = story ids + [SEP] (end of sequence), padded with [PAD] = 0;
+    labels (B, T) = summary ids + [SEP], padded with IGNORE_INDEX (-100: no loss)."""
+    eos = SUMMARY_ID["[SEP]"]
+    src = [[SUMMARY_ID[w] for w in story] + [eos] for story, _, _ in examples]
+    tgt = [[SUMMARY_ID[w] for w in summary] + [eos] for _, summary, _ in examples]
+    S, T = max(map(len, src)), max(map(len, tgt))
+    return (torch.tensor([x + [0] * (S - len(x)) for x in src]),
+            torch.tensor([y + [IGNORE_INDEX] * (T - len(y)) for y in tgt]))
+
+
+def summary_example(rng):
+    """A random story as one word list, its reference summary, and its sentences (for the baselines)."""
+    sentences, where, holder, _ = tell_story(rng)
+    return [w for s in sentences for w in s], final_state(where, holder), sentences
+''')
+code(r'''
+# NBVAL_IGNORE_OUTPUT
+# TODO: check the imports (T5, T5Config, shift_right, t5_generate from transformer_lib.t5; IGNORE_INDEX from
+# transformer_lib.bert; warmup_linear_scheduler from transformer_lib.training) in the chapter's import cells.
+summary_rng, summary_test_rng = random.Random(0), random.Random(1_000_000)
+summary_tests = [summary_example(summary_test_rng) for _ in range(500)]
+summary_held_out = {tuple(story) for story, _, _ in summary_tests}
+t5_config = T5Config(vocab_size=len(SUMMARY_VOCAB), d_model=32, num_heads=4, d_ff=128, num_layers=2,
+                     num_decoder_layers=2, dropout=0.0, pad_id=0, eos_id=SUMMARY_ID["[SEP]"])
+seed_everything(0)
+writer = T5(t5_config).to(device)
+steps = 1200
+optimizer = torch.optim.AdamW(writer.parameters(), lr=1e-2, weight_decay=0.0)
+scheduler = warmup_linear_scheduler(optimizer, steps, 100)
+start = time.perf_counter()
+for _ in range(steps):
+    examples = []
+    while len(examples) < 32:
+        example = summary_example(summary_rng)
+        if tuple(example[0]) not in summary_held_out:
+            examples.append(example)
+    src, labels = (t.to(device) for t in summary_batch(examples))
+    logits = writer(src, shift_right(labels, 0, 0))                         # (B, T, V)
+    loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(writer.parameters(), 1.0)
+    optimizer.step()
+    scheduler.step()
+summary_seconds = time.perf_counter() - start
+print(f"{sum(p.numel() for p in writer.parameters()):,} parameters, {steps} steps in {summary_seconds:.0f} s")
+''')
+code(r'''
+src, labels = summary_batch(summary_tests)
+eos = SUMMARY_ID["[SEP]"]
+with torch.no_grad():
+    generated = t5_generate(writer.eval(), src.to(device), max_new_tokens=labels.size(1) + 5).cpu()
+written = []
+for row in generated.tolist():                                 # the words before the first [SEP]
+    written.append([SUMMARY_VOCAB[i] for i in (row[:row.index(eos)] if eos in row else row)])
+references = [summary for _, summary, _ in summary_tests]
+scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
+
+
+def rouge(predictions):
+    scores = [scorer.score(" ".join(r), " ".join(p)) for p, r in zip(predictions, references, strict=True)]
+    return {k: 100 * sum(s[k].fmeasure for s in scores) / len(scores) for k in ("rouge1", "rouge2", "rougeL")}
+
+
+table = {"T5": written, "lead sentence": [sentences[0] for _, _, sentences in summary_tests],
+         "last sentence": [sentences[-1] for _, _, sentences in summary_tests]}
+for name, predictions in table.items():
+    r = rouge(predictions)
+    exact = sum(p == q for p, q in zip(predictions, references, strict=True)) / len(references)
+    print(f"{name:14s} ROUGE-1 {r['rouge1']:.1f}  ROUGE-2 {r['rouge2']:.1f}  ROUGE-L {r['rougeL']:.1f}  exact {exact:.1%}")
 ''')
 md(r"""
 ## Summary
