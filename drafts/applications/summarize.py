@@ -36,9 +36,9 @@ def summarise(where, holder):
     return [w for k, part in enumerate(parts) for w in ([","] if k else []) + part] + ["."]
 
 
-def make_example(rng):
+def make_example(rng, min_sentences=4, max_sentences=10):
     """-> (story words, summary words, sentences)."""
-    sentences, where, holder, _ = stories.tell_story(rng)
+    sentences, where, holder, _ = stories.tell_story(rng, min_sentences, max_sentences)
     return [w for s in sentences for w in s], summarise(where, holder), sentences
 
 
@@ -52,7 +52,7 @@ def to_batch(examples):
     return src, labels
 
 
-def train(model, rng, steps, batch_size, lr, warmup, exclude):
+def train(model, rng, steps, batch_size, lr, warmup, exclude, short_steps=0):
     """AdamW on fresh random stories every step (skipping the test stories); lr: linear warm-up, linear decay."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     scheduler = warmup_linear_scheduler(optimizer, steps, warmup)
@@ -62,7 +62,7 @@ def train(model, rng, steps, batch_size, lr, warmup, exclude):
         if not batches:             # 16 batches at a time, of stories of similar length: less padding
             examples = []
             while len(examples) < 16 * batch_size:
-                ex = make_example(rng)
+                ex = make_example(rng, 2, 4) if step < short_steps else make_example(rng)
                 if tuple(ex[0]) not in exclude:
                     examples.append(ex)
             examples.sort(key=lambda ex: len(ex[0]))
@@ -139,6 +139,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=1200)
+    ap.add_argument("--short_steps", type=int, default=0, help="curriculum: stories of 2-4 sentences first")
     ap.add_argument("--n_test", type=int, default=500)
     ap.add_argument("--show", type=int, default=5, help="how many wrong summaries to print")
     args = ap.parse_args()
@@ -156,7 +157,7 @@ def main():
     print(f"{sum(p.numel() for p in model.parameters()):,} parameters")
 
     t0 = time.perf_counter()
-    train(model, random.Random(args.seed), args.steps, args.batch, args.lr, args.warmup, exclude)
+    train(model, random.Random(args.seed), args.steps, args.batch, args.lr, args.warmup, exclude, args.short_steps)
     train_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
