@@ -19,8 +19,9 @@ from transformer_lib.bert import IGNORE_INDEX
 from transformer_lib.t5 import T5, T5Config, shift_right, t5_generate
 from transformer_lib.training import warmup_linear_scheduler
 
-VOCAB = stories.VOCAB + ("in", "with", "and", ",")     # the story words and the summary's few new ones
+VOCAB = stories.VOCAB + ("in", "with", "and", ",") + tuple(f"#{k}" for k in range(1, 11))     # the story words and the summary's few new ones
 ID = {w: i for i, w in enumerate(VOCAB)}
+NUMBERED = False
 PAD, EOS = ID["[PAD]"], ID["[SEP]"]                     # T5: pad is also the decoder's start token
 
 
@@ -39,6 +40,8 @@ def summarise(where, holder):
 def make_example(rng, min_sentences=4, max_sentences=10):
     """-> (story words, summary words, sentences)."""
     sentences, where, holder, _ = stories.tell_story(rng, min_sentences, max_sentences)
+    if NUMBERED:                                         # "#3" before the 3rd sentence (bAbI numbers its lines)
+        return [w for k, s in enumerate(sentences) for w in [f"#{k + 1}", *s]], summarise(where, holder), sentences
     return [w for s in sentences for w in s], summarise(where, holder), sentences
 
 
@@ -142,7 +145,10 @@ def main():
     ap.add_argument("--short_steps", type=int, default=0, help="curriculum: stories of 2-4 sentences first")
     ap.add_argument("--n_test", type=int, default=500)
     ap.add_argument("--show", type=int, default=5, help="how many wrong summaries to print")
+    ap.add_argument("--numbered", action="store_true", help="a sentence-number token before each sentence")
     args = ap.parse_args()
+    global NUMBERED
+    NUMBERED = args.numbered
 
     torch.manual_seed(args.seed)
     test_rng = random.Random(1_000_000)              # the held-out stories: one seed, not a training seed
