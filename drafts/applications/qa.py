@@ -23,6 +23,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--seed", type=int, default=0)
 ap.add_argument("--steps", type=int, default=3000)
 ap.add_argument("--short-steps", type=int, default=800, help="curriculum: stories of 2-4 sentences first")
+ap.add_argument("--short-frac", type=float, default=1.0, help="share of short stories while step < short-steps")
 ap.add_argument("--lr", type=float, default=1e-3)
 ap.add_argument("--layers", type=int, default=2)
 ap.add_argument("--batch", type=int, default=32)
@@ -49,7 +50,8 @@ scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (a.s
 def story(step):
     q = "object" if rng.random() < a.two_fact else "person"
     while True:
-        s = S.make_story(rng, 2, 4, question=q) if step < a.short_steps else S.make_story(rng, question=q)
+        short = step < a.short_steps and rng.random() < a.short_frac
+        s = S.make_story(rng, 2, 4, question=q) if short else S.make_story(rng, question=q)
         if (tuple(map(tuple, s[0])), tuple(s[1])) not in held_out:
             return s
 
