@@ -309,10 +309,10 @@ config = BertConfig(vocab_size=len(VOCAB), d_model=64, num_layers=2, num_heads=4
 seed_everything(0)
 reader = BertForQuestionAnswering(config).to(device)
 start = time.perf_counter()
-losses = train_qa(reader, steps=2500, exclude=held_out)
+losses = train_qa(reader, steps=3000, exclude=held_out)   # TODO: not >= 99 % for every seed (README)
 qa_seconds = time.perf_counter() - start
 one_fact, two_fact = exact_match(reader, tests["person"]), exact_match(reader, tests["object"])
-print(f"{sum(p.numel() for p in reader.parameters()):,} parameters, 2,500 steps in {qa_seconds:.0f} s")
+print(f"{sum(p.numel() for p in reader.parameters()):,} parameters, 3,000 steps in {qa_seconds:.0f} s")
 print(f"exact match: where is <person> ? {one_fact:.1%}, where is the <object> ? {two_fact:.1%}")
 ''')
 code(r'''
