@@ -450,34 +450,30 @@ md(r"""
 """)
 code(r'''
 #| export exercises.applications
-def check_where_is(where_is, n: int = 1000, seed: int = 7):
-    """Grade where_is(sentences, person) -> place on n generated stories; name the first wrong story."""
+def _check_rule(rule, kind: str, n: int, seed: int, hint: str):
+    """Run rule(sentences, word) on n generated stories with `kind` questions; name the first wrong story."""
     rng = random.Random(seed)
     for _ in range(n):
-        sentences, question, (s, w) = make_story(rng, question="person")
-        person, truth = question[2], sentences[s][w]
-        got = where_is(sentences, person)
+        sentences, question, (s, w) = make_story(rng, question=kind)
+        word, truth = question[-2], sentences[s][w]
+        got = rule(sentences, word)
         if got != truth:
             story = "\n".join(" ".join(x) for x in sentences)
-            raise AssertionError(f"where_is(story, {person!r}) returned {got!r}, but {person} is in the {truth}: "
-                                 f"the last sentence that MOVES {person} decides (a pick-up or a drop does not "
-                                 f"move anyone).\n{story}")
+            raise AssertionError(f"{rule.__name__}(story, {word!r}) returned {got!r}, but the answer is the "
+                                 f"{truth}: {hint}\n{story}")
     print(f"correct on all {n} stories")
+
+
+def check_where_is(where_is, n: int = 1000, seed: int = 7):
+    """Grade where_is(sentences, person) -> place on n generated stories."""
+    _check_rule(where_is, "person", n, seed, "the last sentence that MOVES the person decides (a pick-up or a "
+                "drop does not move anyone).")
 
 
 def check_where_is_object(where_is_object, n: int = 1000, seed: int = 8):
-    """Grade where_is_object(sentences, obj) -> place on n generated stories; name the first wrong story."""
-    rng = random.Random(seed)
-    for _ in range(n):
-        sentences, question, (s, w) = make_story(rng, question="object")
-        obj, truth = question[3], sentences[s][w]
-        got = where_is_object(sentences, obj)
-        if got != truth:
-            story = "\n".join(" ".join(x) for x in sentences)
-            raise AssertionError(f"where_is_object(story, {obj!r}) returned {got!r}, but the {obj} is in the "
-                                 f"{truth}: follow the person who last picked it up to where they are now, or, if "
-                                 f"they dropped it, to where they were when they dropped it.\n{story}")
-    print(f"correct on all {n} stories")
+    """Grade where_is_object(sentences, obj) -> place on n generated stories."""
+    _check_rule(where_is_object, "object", n, seed, "follow the person who last picked it up to where they are "
+                "now, or, if they dropped it, to where they were when they dropped it.")
 
 
 def check_rouge1(rouge1_f, n: int = 200, seed: int = 9):
