@@ -109,14 +109,16 @@ lock-floor:
 	rm -rf _build/floor-venv
 
 # Strict nbval: every stored output must equal what the current code prints (volatile text sanitized).
-# The chapters that train for minutes (8, 11, 12, 13, 14) run two at a time with ONE CPU thread each (OMP_NUM_THREADS=1):
+# The chapters that train for minutes (8, 11, 12, 13, 14, 15) run two at a time with ONE CPU thread each (OMP_NUM_THREADS=1):
 # a small model gains little from a second thread (Chapter 8's training step: 123 ms with two threads, 138 ms with
 # one), so two one-thread runs side by side finish sooner than the same chapters one after the other with two
 # threads each. (Two two-thread runs side by side would oversubscribe the two cores and each run many times slower.)
-# --dist loadfile without reordering hands out the files in this order: {8, 13} and {11, 12}, then 14 to the first free
+# --dist loadfile without reordering hands out the files in this order, each to the worker that is nearly done with
+# its last one: {8, 13} and {11, 12}, then 14 and 15 to the first free
 # (Chapter 11's GPT gains the most from a second thread: ~430 s with one, ~270 s with two; stage 963 s on ac61eef).
 TRAINING_NBS   := chapters/08_training.ipynb chapters/11_decoder_only.ipynb chapters/13_scaling.ipynb \
-                  chapters/12_t5_and_vit.ipynb chapters/14_modern_decoder.ipynb
+                  chapters/12_t5_and_vit.ipynb chapters/14_modern_decoder.ipynb \
+                  chapters/15_applications.ipynb
 test-notebooks: venv
 	$(BIN)/pytest $(NBVAL) $(filter-out $(TRAINING_NBS),$(wildcard chapters/*.ipynb)) -n $(JOBS) --dist loadfile
 	$(MAKE) --no-print-directory test-notebooks-training
@@ -126,7 +128,7 @@ test-notebooks-training: venv
 
 # Stored outputs are made on one CPU and compared on another. Re-run nbval with PyTorch's portable (non-vector)
 # kernels and MKL limited to SSE4.2: a printed float that depends on the CPU's vector units fails here, on the
-# machine that stored it, instead of in CI on another. Chapters 8, 11, 12, 13 and 14 are left out: their
+# machine that stored it, instead of in CI on another. Chapters 8, 11, 12, 13, 14 and 15 are left out: their
 # training runs (one to three minutes each) would double the stage, and the outputs they compare after training
 # are fixed text (their claims are asserts). In `make test` this run replaces the default-kernel run of the same
 # chapters: their outputs, stored with this machine's vector kernels, must equal what the portable kernels print,

@@ -5,6 +5,9 @@ import os
 
 import pytest
 import torch
+from torch import nn
+
+from transformer_lib.applications import PEOPLE, PLACES, VOCAB
 
 
 def import_hf(name: str = "transformers"):
@@ -103,3 +106,55 @@ def table_tests(tensor_cases, plain_cases, before=None):
         run_case(call, expected)
 
     return test_case_ids_unique, test_tensor_case, test_plain_case
+
+
+# --- Chapter 15: stories read by an independent replay, and a rule played as a QA model
+
+def replay(sentences):
+    """Where each person is and who holds each object, read off the words alone (independent of tell_story)."""
+    where, holder, lying = {}, {}, {}
+    for s in sentences:
+        person, last = s[0], s[-2]
+        if last in PLACES:
+            where[person] = last
+        elif s[1] in ("dropped", "put", "left"):
+            del holder[last]
+            lying[last] = where[person]
+        else:
+            holder[last] = person
+            lying.pop(last, None)
+    return where, holder, lying
+
+
+def answer_of(sentences, question):
+    where, holder, lying = replay(sentences)
+    word = question[-2]
+    if word in PEOPLE:
+        return where[word]
+    return where[holder[word]] if word in holder else lying[word]
+
+
+
+class RuleAsModel(nn.Module):
+    """A 'model' whose start scores pick the position a rule answers: its exact match must equal the rule's."""
+
+    def __init__(self, rule):
+        super().__init__()
+        self.rule, self.dummy = rule, nn.Parameter(torch.zeros(()))
+
+    def forward(self, tokens, segments):
+        scores = torch.zeros(*tokens.shape, 2)
+        for b in range(tokens.size(0)):
+            words = [VOCAB[i] for i in tokens[b].tolist()]
+            sep = words.index("[SEP]")
+            question, story = words[1:sep], words[sep + 1:]
+            sentences, current = [], []
+            for w in story:
+                if w in ("[SEP]", "[PAD]"):
+                    break
+                current.append(w)
+                if w == ".":
+                    sentences.append(current)
+                    current = []
+            scores[b, sep + 1 + story.index(self.rule(sentences, question)), 0] = 1.0
+        return scores + self.dummy
