@@ -3,7 +3,8 @@
 # %% auto #0
 __all__ = ['PEOPLE', 'PLACES', 'OBJECTS', 'MOVES', 'TAKES', 'DROPS', 'SPECIALS', 'WORDS', 'VOCAB', 'ID', 'SUMMARY_VOCAB',
            'SUMMARY_ID', 'tell_story', 'make_story', 'last_place', 'nearest_place', 'encode', 'qa_batch',
-           'start_scores', 'exact_match', 'train_qa', 'final_state', 'summary_batch', 'summary_example']
+           'start_scores', 'predict_answers', 'exact_match', 'train_qa', 'final_state', 'summary_batch',
+           'summary_example']
 
 # %% ../chapters/15_applications.ipynb #c003
 import random
@@ -125,16 +126,21 @@ def start_scores(model, tokens, segments):
 
 
 @torch.no_grad()
-def exact_match(model, stories, sentence_segments: bool = True) -> float:
-    """The share of stories whose predicted answer word equals the true one (eval mode; the mode is restored)."""
+def predict_answers(model, stories, sentence_segments: bool = True) -> list:
+    """The word the span head points at (its best start) in each story (eval mode; the caller's mode restored)."""
     was_training = model.training
     model.eval()
-    tokens, segments, answers = qa_batch(stories, sentence_segments)
+    tokens, segments, _ = qa_batch(stories, sentence_segments)
     device = next(model.parameters()).device
-    tokens, segments, answers = tokens.to(device), segments.to(device), answers.to(device)
-    predicted = start_scores(model, tokens, segments).argmax(-1)
+    predicted = start_scores(model, tokens.to(device), segments.to(device)).argmax(-1).cpu()      # (B,)
     model.train(was_training)
-    return (tokens.gather(1, predicted[:, None]) == tokens.gather(1, answers[:, None])).float().mean().item()
+    return [VOCAB[i] for i in tokens.gather(1, predicted[:, None])[:, 0].tolist()]
+
+
+def exact_match(model, stories, sentence_segments: bool = True) -> float:
+    """The share of stories whose predicted answer word equals the true one."""
+    said = predict_answers(model, stories, sentence_segments)
+    return sum(x == s[a][w] for x, (s, _, (a, w)) in zip(said, stories, strict=True)) / len(stories)
 
 # %% ../chapters/15_applications.ipynb #c018
 def train_qa(model, steps: int = 3000, short_steps: int = 800, batch_size: int = 32, lr: float = 1e-3,

@@ -6,10 +6,8 @@ __all__ = ['check_where_is', 'check_where_is_object', 'check_rouge1', 'check_rea
 # %% ../../chapters/15_applications.ipynb #c031
 import random
 
-import torch
-
-from ..applications import VOCAB, exact_match, final_state, last_place, make_story, \
-    nearest_place, qa_batch, start_scores, tell_story
+from transformer_lib.applications import exact_match, final_state, last_place, make_story, nearest_place, \
+    predict_answers, tell_story
 
 
 def _check_rule(grader: str, rule, kind: str, n: int, seed: int, hint: str):
@@ -71,14 +69,7 @@ def check_reader(model, question: str = "person", n: int = 500, seed: int = 10):
     best = max(rules.values())
     goal, kind = (0.99, "one-fact") if question == "person" else (best + 0.01, "two-fact")
     if accuracy < goal:
-        with torch.no_grad():
-            model_was_training = model.training
-            model.eval()
-            tokens, segments, _ = qa_batch(stories)
-            device = next(model.parameters()).device
-            picked = start_scores(model, tokens.to(device), segments.to(device)).argmax(-1).cpu()
-            model.train(model_was_training)
-        said = [VOCAB[t] for t in tokens.gather(1, picked[:, None])[:, 0].tolist()]
+        said = predict_answers(model, stories)
         agree = {name: sum(x == rule(s, q) for x, (s, q, _) in zip(said, stories, strict=True)) / n
                  for name, rule in (("the last place in the story", last_place),
                                     ("the last place at or before the question's word", nearest_place))}
