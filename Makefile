@@ -20,13 +20,14 @@ export HF_HUB_OFFLINE := 1
 
 .PHONY: help venv lock lock-floor lock-check export sync-check lint test-lib test-notebooks test-notebooks-training \
         test-notebooks-other-cpu \
-        book book-stored test-browser test test-fast test-floor test-gpu bench clean
+        book book-stored test-browser test test-fast test-floor test-gpu bench experiments clean
 
 help:
 	@echo "make book   execute every chapter and build the HTML book into _build/html/ (open _build/html/index.html)"
 	@echo "make test   sync check, lint, library tests, nbval on every chapter, strict book build, browser check"
 	@echo "make export re-export transformer_lib/ from the chapters' #| export cells"
 	@echo "make bench  the book's performance as ratios measured in one run (prints a table, writes _build/bench.json)"
+	@echo "make experiments  the several-seed experiments the chapters print (about 25 minutes; writes transformer_lib/results/)"
 	@echo "make test-fast  sync check, lint, library tests (no registry), nbval of the chapters that do not train"
 	@echo "make test-floor library tests in .venv-floor, on the oldest versions pyproject.toml declares"
 	@echo "make lock   re-resolve requirements.txt and the dev tools into constraints.txt, in a fresh virtualenv"
@@ -66,7 +67,7 @@ sync-check: venv
 	$(BIN)/python tools/setup_cell.py
 
 lint: venv
-	$(BIN)/ruff check transformer_lib tests tools benchmarks _ext
+	$(BIN)/ruff check transformer_lib tests tools benchmarks experiments _ext
 
 test-lib: venv
 	$(BIN)/pytest tests -n $(JOBS) --ignore=tests/test_browser.py
@@ -113,12 +114,12 @@ lock-floor:
 # a small model gains little from a second thread (Chapter 8's training step: 123 ms with two threads, 138 ms with
 # one), so two one-thread runs side by side finish sooner than the same chapters one after the other with two
 # threads each. (Two two-thread runs side by side would oversubscribe the two cores and each run many times slower.)
-# --dist loadfile without reordering hands out the files in this order, each to the worker that is nearly done with
-# its last one: {8, 13} and {11, 12}, then 14 and 15 to the first free
-# (Chapter 11's GPT gains the most from a second thread: ~430 s with one, ~270 s with two; stage 963 s on ac61eef).
-TRAINING_NBS   := chapters/08_training.ipynb chapters/11_decoder_only.ipynb chapters/13_scaling.ipynb \
-                  chapters/12_t5_and_vit.ipynb chapters/14_modern_decoder.ipynb \
-                  chapters/15_applications.ipynb
+# --dist loadfile without reordering hands out the files in this order, two to each worker at first ({11, 12} and
+# {8, 15}), then each of the rest to the worker that finishes a file first: 13 to the second (Chapter 8 ends first),
+# 14 to the first. With one thread each (seconds, 2026-11-26): 11 ~560, 8 ~460, 15 ~290, 12 ~300, 13 ~155, 14 ~140,
+# so the workers carry about 1,000 and 905 s. Longest first, so that no long chapter starts last.
+TRAINING_NBS   := chapters/11_decoder_only.ipynb chapters/08_training.ipynb chapters/12_t5_and_vit.ipynb \
+                  chapters/15_applications.ipynb chapters/13_scaling.ipynb chapters/14_modern_decoder.ipynb
 test-notebooks: venv
 	$(BIN)/pytest $(NBVAL) $(filter-out $(TRAINING_NBS),$(wildcard chapters/*.ipynb)) -n $(JOBS) --dist loadfile
 	$(MAKE) --no-print-directory test-notebooks-training
@@ -176,6 +177,16 @@ test-gpu: venv
 # attention; tokens/s and MFU on a GPU). Timings depend on the machine and its load; the ratios are the result.
 bench: venv
 	$(BIN)/python benchmarks/bench.py --json _build/bench.json
+
+# Not part of `make test`: the experiments that run several seeds, too long for CI (about 25 minutes, the two
+# scripts side by side with one CPU thread each). Each writes a JSON into transformer_lib/results/, which a chapter
+# prints and asserts on.
+# Commit the JSON files with the chapter re-executed (see CONTRIBUTING.md, "Experiments over several seeds").
+RESULTS := transformer_lib/results
+experiments: venv
+	OMP_NUM_THREADS=1 $(BIN)/python experiments/t5_tasks.py --json $(RESULTS)/t5_tasks.json & \
+	    OMP_NUM_THREADS=1 $(BIN)/python experiments/vit_seeds.py --json $(RESULTS)/vit_seeds.json; \
+	    status=$$?; wait $$! && exit $$status
 
 clean:
 	rm -rf _build

@@ -1,0 +1,82 @@
+"""experiments/: the several-seed runs whose committed results (transformer_lib/results/*.json) Chapter 12 prints
+and asserts on. Each script must still run (here on a few steps, one seed), and each committed file must be what
+the script's current defaults produce: every seed, every model, the same budgets. A script whose defaults changed
+without `make experiments` being run again fails here."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "transformer_lib" / "results"
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def defaults(name):
+    """The script's argparse defaults, without running it."""
+    return vars(load_script(name).make_parser().parse_args([]))
+
+
+def run_script(name, tmp_path, *args):
+    out = tmp_path / f"{name}.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, str(ROOT / "experiments" / f"{name}.py"), *args, "--json", str(out)],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def check_t5(result, seeds, steps):
+    runs = result["runs"]
+    assert result["seeds"] == seeds and result["steps"] == steps
+    tasks = ("en-de", "de-en", "en-num")
+    expected = {(kind, task, seed) for kind in ("multi-task", "single-task") for task in tasks for seed in seeds}
+    assert {(r["model"], r["task"], r["seed"]) for r in runs} == expected and len(runs) == len(expected)
+    for r in runs:
+        assert r["steps"] == (steps if r["model"] == "multi-task" else steps // 3)    # the same total compute
+        assert 0.0 <= r["exact"] <= 1.0
+
+
+def check_vit(result, seeds, steps, shuffle_steps):
+    runs = result["runs"]
+    assert result["seeds"] == seeds and result["steps"] == steps and result["shuffle_steps"] == shuffle_steps
+    main_run = [f"ViT, patch {p}" for p in (2, 4, 8)] + ["CNN", "MLP"]
+    expected = {(model, steps, False, s) for model in main_run for s in seeds}
+    expected |= {(m, shuffle_steps, shuffled, s) for m in ("ViT, patch 2", "CNN") for shuffled in (False, True)
+                 for s in seeds}
+    assert {(r["model"], r["steps"], r["shuffled"], r["seed"]) for r in runs} == expected
+    assert len(runs) == len(expected)
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in runs)
+
+
+def test_t5_tasks_runs(tmp_path):
+    check_t5(run_script("t5_tasks", tmp_path, "--seeds", "3", "--steps", "6", "--batch", "4"), [3], 6)
+
+
+def test_vit_seeds_runs(tmp_path):
+    result = run_script("vit_seeds", tmp_path, "--seeds", "3", "--steps", "2", "--shuffle-steps", "3")
+    check_vit(result, [3], 2, 3)
+
+
+@pytest.mark.parametrize("name", ["t5_tasks", "vit_seeds"])
+def test_committed_results_match_the_scripts_defaults(name):
+    result = json.loads((RESULTS / f"{name}.json").read_text())
+    args = defaults(name)
+    assert result["script"] == f"experiments/{name}.py"
+    assert len(args["seeds"]) >= 3, "a comparison over seeds needs at least three"
+    if name == "t5_tasks":
+        assert (result["batch"], result["lr"]) == (args["batch"], args["lr"])
+        check_t5(result, args["seeds"], args["steps"])
+    else:
+        check_vit(result, args["seeds"], args["steps"], args["shuffle_steps"])
