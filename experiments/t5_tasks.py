@@ -8,13 +8,13 @@ The data, model and training are Chapter 12's: numbers 0-999 in three tasks mark
 en-num), 200 numbers held out of every task, characters as tokens, d_model 64, two encoder and two decoder
 layers, AdamW at a peak of 5e-3 with 10 % warm-up and linear decay, clipping at 1; greedy decoding. The seed sets the
 initial weights and the order of the batches. Chapter 12 prints the committed JSON and asserts its claims on it.
-Not part of `make test` (about 15 minutes of one CPU thread for three seeds; `make experiments` runs it)."""
+Not part of `make test` (about 20 minutes of one CPU thread for three seeds; `make experiments` runs it)."""
 
 import argparse
-import json
 import time
 
 import torch
+from record import log, write_results  # experiments/record.py, beside this script
 
 from transformer_lib.bert import IGNORE_INDEX, token_cross_entropy
 from transformer_lib.classifier import fit, random_batches
@@ -95,15 +95,10 @@ def main(argv=None):
             model = train_t5([ex for ex in train if ex[2] in tasks], tokenizer, steps, args.batch, args.lr, seed)
             for task in tasks:
                 accuracy = exact_match(model, tokenizer, [ex for ex in test if ex[2] == task])
-                runs.append({"model": kind, "task": task, "steps": steps, "seed": seed, "exact": accuracy,
-                             "seconds": round(time.perf_counter() - start, 1)})
-                print(json.dumps(runs[-1]), flush=True)
-    result = {"script": "experiments/t5_tasks.py", "steps": args.steps, "batch": args.batch, "lr": args.lr, "seeds": args.seeds,
-              "torch": torch.__version__, "threads": torch.get_num_threads(), "runs": runs}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-    return result
+                log(runs, {"model": kind, "task": task, "steps": steps, "seed": seed, "exact": accuracy,
+                           "seconds": round(time.perf_counter() - start, 1)})
+    settings = {"steps": args.steps, "batch": args.batch, "lr": args.lr, "seeds": args.seeds}
+    return write_results("experiments/t5_tasks.py", settings, runs, args.json)
 
 
 if __name__ == "__main__":

@@ -11,11 +11,11 @@ of the batches. Chapter 12 prints the committed JSON (mean and spread over the s
 Not part of `make test`: about 25 minutes of one CPU thread for three seeds (`make experiments` runs it)."""
 
 import argparse
-import json
 import time
 
 import torch
 import torch.nn as nn
+from record import log, write_results  # experiments/record.py, beside this script
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
@@ -93,15 +93,10 @@ def main(argv=None):
             seed_everything(seed)
             start = time.perf_counter()
             accuracy = train_and_test(make(), data, steps, seed, order if shuffled else None)
-            runs.append({"model": name, "steps": steps, "shuffled": shuffled, "seed": seed, "accuracy": accuracy,
-                         "seconds": round(time.perf_counter() - start, 1)})
-            print(json.dumps(runs[-1]), flush=True)
-    result = {"script": "experiments/vit_seeds.py", "steps": args.steps, "shuffle_steps": args.shuffle_steps,
-              "seeds": args.seeds, "torch": torch.__version__, "threads": torch.get_num_threads(), "runs": runs}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-    return result
+            log(runs, {"model": name, "steps": steps, "shuffled": shuffled, "seed": seed, "accuracy": accuracy,
+                       "seconds": round(time.perf_counter() - start, 1)})
+    settings = {"steps": args.steps, "shuffle_steps": args.shuffle_steps, "seeds": args.seeds}
+    return write_results("experiments/vit_seeds.py", settings, runs, args.json)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ RESULTS = ROOT / "transformer_lib" / "results"
 
 
 def load_script(name):
+    if str(ROOT / "experiments") not in sys.path:                  # the scripts import record.py beside them
+        sys.path.insert(0, str(ROOT / "experiments"))
     spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
