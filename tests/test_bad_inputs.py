@@ -167,6 +167,26 @@ def optimizer():
     return trn.make_optimizer(M("model"))
 
 
+def small_config(**kw):
+    return mdl.TransformerConfig(**{"src_vocab_size": V, "tgt_vocab_size": V, "d_model": D, "num_heads": H, "d_ff": FF,
+                                    "num_encoder_layers": 1, "num_decoder_layers": 1, "max_len": 16, **kw})
+
+
+def translator_call(**kw):
+    args = {"config": small_config(), "tokenizer": tok(), "pairs": [("abc", "gfe"), ("da", "ad"), ("b", "b")],
+            "steps": 4, "batch_size": 2, **kw}
+    return trn.train_translator(args.pop("config"), args.pop("tokenizer"), args.pop("pairs"), args.pop("steps"), **args)
+
+
+def check_translator():
+    """Four steps: one loss per step, the model returned in eval mode, and the same seed gives the same run."""
+    model, history = translator_call()
+    again, history_again = translator_call()
+    assert len(history["loss"]) == 4 and not model.training
+    assert history["loss"] == history_again["loss"]
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), again.parameters(), strict=True))
+
+
 def tmp_checkpoint(content):
     """Save `content` (a dict with its checksum, as save_checkpoint would) in a temporary file and call
     load_checkpoint on it."""
@@ -1026,6 +1046,20 @@ PLAIN_CASES = [
     ("warmup_linear/total_steps=True", lambda: trn.warmup_linear_scheduler(optimizer(), True, 1), err("total_steps", INT)),
     ("make_optimizer/lr-negative", lambda: trn.make_optimizer(M("model"), lr=-1.0), err("lr", "positive|>|\\(0")),
     ("make_optimizer/not-module", lambda: trn.make_optimizer("model"), err("model", "Module")),
+    ("train_translator/config-not-config", lambda: translator_call(config={"d_model": 8}), err("config", "TransformerConfig")),
+    ("train_translator/config-vocab-too-small", lambda: translator_call(config=small_config(src_vocab_size=5, tgt_vocab_size=5)), err("config", "fit the tokenizer")),
+    ("train_translator/config-pad_id", lambda: translator_call(config=small_config(pad_id=3)), err("config", "pad_id")),
+    ("train_translator/tokenizer-str", lambda: translator_call(tokenizer="abcdefg"), err("tokenizer", "CharTokenizer")),
+    ("train_translator/pairs-empty", lambda: translator_call(pairs=[]), err("pairs", "non-empty")),
+    ("train_translator/pairs-strings", lambda: translator_call(pairs=["ab", "cd"]), err("pairs", "pairs")),
+    ("train_translator/steps=1", lambda: translator_call(steps=1), err("steps", INT)),
+    ("train_translator/warmup-str", lambda: translator_call(warmup="no"), err("warmup", BOOL)),
+    ("train_translator/make_scheduler-list", lambda: translator_call(make_scheduler=[1]), err("make_scheduler", "function")),
+    ("train_translator/label_smoothing=1.5", lambda: translator_call(label_smoothing=1.5), err("label_smoothing", "")),
+    ("train_translator/batch_size=0", lambda: translator_call(batch_size=0), err("batch_size", INT)),
+    ("train_translator/ok-seeded-eval-mode", lambda: check_translator(), OK),
+    ("load_results/unknown-name", lambda: trn.load_results("nonexistent"), err("name", "one of")),
+    ("load_results/ok-ablation", lambda: None if trn.load_results("ablation")["runs"] else pytest.fail("no runs"), OK),
     ("evaluate_loss/empty-loader", lambda: trn.evaluate_loss(M("model"), [], loss_fn()), err("loader", EMPTY)),
     ("evaluate_loss/all-padding", lambda: trn.evaluate_loss(M("model"), [data.collate([(ids(3), torch.tensor([BOS, PAD]))])], loss_fn()), err("loader", "no target|padding|" + EMPTY)),
     ("train/empty-loader", lambda: train_call(batches=[]), err("batches", EMPTY)),

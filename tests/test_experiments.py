@@ -1,4 +1,4 @@
-"""experiments/: the several-seed runs whose committed results (transformer_lib/results/*.json) Chapter 12 prints
+"""experiments/: the several-seed runs whose committed results (transformer_lib/results/*.json) Chapters 8 and 12 print
 and asserts on. Each script must still run (here on a few steps, one seed), and each committed file must be what
 the script's current defaults produce: every seed, every model, the same budgets. A script whose defaults changed
 without `make experiments` being run again fails here."""
@@ -62,6 +62,19 @@ def check_vit(result, seeds, steps, shuffle_steps):
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in runs)
 
 
+def check_ablation(result, seeds, steps):
+    runs = result["runs"]
+    assert result["seeds"] == seeds and result["steps"] == steps
+    variants = ("warm-up, ε = 0.1", "no warm-up, ε = 0.1", "warm-up, ε = 0")
+    assert [(r["variant"], r["seed"]) for r in runs] == [(v, s) for v in variants for s in seeds]
+    for r in runs:
+        assert len(r["loss"]) == steps and 0.0 <= r["exact_match"] <= 1.0 and r["cer"] >= 0.0
+
+
+def test_ablation_runs(tmp_path):
+    check_ablation(run_script("ablation", tmp_path, "--seeds", "3", "--steps", "4"), [3], 4)
+
+
 def test_t5_tasks_runs(tmp_path):
     check_t5(run_script("t5_tasks", tmp_path, "--seeds", "3", "--steps", "6", "--batch", "4"), [3], 6)
 
@@ -71,7 +84,7 @@ def test_vit_seeds_runs(tmp_path):
     check_vit(result, [3], 2, 3)
 
 
-@pytest.mark.parametrize("name", ["t5_tasks", "vit_seeds"])
+@pytest.mark.parametrize("name", ["ablation", "t5_tasks", "vit_seeds"])
 def test_committed_results_match_the_scripts_defaults(name):
     result = json.loads((RESULTS / f"{name}.json").read_text())
     args = defaults(name)
@@ -80,5 +93,7 @@ def test_committed_results_match_the_scripts_defaults(name):
     if name == "t5_tasks":
         assert (result["batch"], result["lr"]) == (args["batch"], args["lr"])
         check_t5(result, args["seeds"], args["steps"])
+    elif name == "ablation":
+        check_ablation(result, args["seeds"], args["steps"])
     else:
         check_vit(result, args["seeds"], args["steps"], args["shuffle_steps"])

@@ -4,7 +4,7 @@
 __all__ = ['CHECKSUM_KEY', 'LabelSmoothingLoss', 'smoothed_targets', 'noam_lr', 'make_optimizer', 'decay_groups',
            'noam_scheduler', 'warmup_linear_scheduler', 'TrainingDiverged', 'to_device', 'model_device', 'inference',
            'evaluate_loss', 'train', 'checkpoint_checksum', 'checkpoint_dict', 'save_checkpoint', 'read_checkpoint',
-           'load_checkpoint']
+           'load_checkpoint', 'train_translator', 'load_results']
 
 # %% ../chapters/08_training.ipynb #c004
 import contextlib
@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import hashlib
 import importlib
+import json
 import math
 import os
 import time
@@ -20,6 +21,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from importlib.resources import files
+
+from torch.utils.data import DataLoader
+
+from .data import LengthGroupedSampler, TranslationDataset, collate
+from .model import Transformer, TransformerConfig
+from .utils import seed_everything
 from .validation import check_bool, check_float, check_int, check_tensor, describe
 
 # %% ../chapters/08_training.ipynb #c028
@@ -433,3 +441,47 @@ def load_checkpoint(path, map_location="cpu"):
     model = model_class(config_class(**checkpoint["config"]))
     model.load_state_dict(checkpoint["state_dict"])
     return model.eval(), checkpoint
+
+# %% ../chapters/08_training.ipynb #c08tt
+def train_translator(config, tokenizer, pairs, steps: int, *, batch_size: int = 32, lr: float = 2e-3,
+                     warmup: bool = True, label_smoothing: float = 0.1, seed: int = 0, make_scheduler=None,
+                     device=None):
+    """This chapter's recipe in one call: seed_everything(seed), a fresh Transformer(config) on device (default:
+    the CPU), `steps` Adam steps (make_optimizer(lr)) on length-grouped batches of batch_size (source, target)
+    text pairs encoded by tokenizer, label-smoothed cross-entropy, and a 5 % linear warm-up (none if warmup is
+    False) with a linear decay to zero, or the scheduler make_scheduler(optimizer) returns.
+    -> (the model in eval mode, train()'s history)"""
+    if not isinstance(config, TransformerConfig):
+        raise ValueError(f"config must be a TransformerConfig, got {describe(config)}")
+    if not isinstance(pairs, (list, tuple)) or not pairs:
+        raise ValueError(f"pairs must be a non-empty list of (source text, target text) pairs, got {describe(pairs)}")
+    dataset = TranslationDataset(pairs, tokenizer)              # checks the tokenizer and every pair
+    if min(config.src_vocab_size, config.tgt_vocab_size) < len(tokenizer) or config.pad_id != tokenizer.pad_id:
+        raise ValueError(f"config must fit the tokenizer ({len(tokenizer)} tokens, pad_id {tokenizer.pad_id}), got "
+                         f"src_vocab_size={config.src_vocab_size}, tgt_vocab_size={config.tgt_vocab_size}, "
+                         f"pad_id={config.pad_id}")
+    check_int("steps", steps, 2)
+    check_bool("warmup", warmup)
+    if make_scheduler is not None and not callable(make_scheduler):
+        raise ValueError(f"make_scheduler must be None or a function of the optimizer, got {describe(make_scheduler)}")
+    loss_fn = LabelSmoothingLoss(label_smoothing, tokenizer.pad_id)
+    seed_everything(seed)
+    model = Transformer(config).to(device or "cpu")
+    optimizer = make_optimizer(model, lr=lr)
+    scheduler = (make_scheduler(optimizer) if make_scheduler else
+                 warmup_linear_scheduler(optimizer, steps, max(1, steps // 20) if warmup else 1))
+    sampler = LengthGroupedSampler([(len(s), len(t)) for s, t in dataset], batch_size, seed=seed)
+    batches = DataLoader(dataset, batch_sampler=sampler, collate_fn=functools.partial(collate, pad_id=tokenizer.pad_id))
+    history = train(model, lambda m, b: loss_fn(m(b.src, b.tgt_in, b.src_mask, b.tgt_mask), b.tgt_out), batches,
+                    optimizer, scheduler, steps, progress=False)
+    return model.eval(), history
+
+
+def load_results(name: str) -> dict:
+    """What experiments/<name>.py measured over several seeds (`make experiments`): the JSON file
+    transformer_lib/results/<name>.json, which ships with the library (so Colab has it too)."""
+    folder = files("transformer_lib") / "results"
+    available = sorted(f.name.removesuffix(".json") for f in folder.iterdir() if f.name.endswith(".json"))
+    if name not in available:
+        raise ValueError(f"name must be one of {available}, got {describe(name)}")
+    return json.loads((folder / f"{name}.json").read_text(encoding="utf-8"))

@@ -1,0 +1,73 @@
+"""Chapter 8's short ablations over several seeds: the warm-up and the label smoothing, each removed in turn.
+
+    .venv/bin/python experiments/ablation.py [--seeds 0 1 2] [--steps 200] [--json transformer_lib/results/ablation.json]
+
+Every run is Chapter 8's `ablation`: the chapter's character tokenizer and model configuration (d_model 64, two
+layers per side), the numbers 0 to 9,999 (8,500 for training, 500 held out for the test, split by
+`split_numbers(10_000, 500, 1_000, seed=0)`, every other test number), length-grouped batches of 32, Adam at the
+chapter's peak learning rate with a 5 % warm-up (or none) and a linear decay to zero, label smoothing 0.1 (or 0).
+The seed sets the initial weights and the order of the batches. Chapter 8 prints the committed JSON (the mean and
+each seed's value) and plots each run's training loss from it. Not part of `make test`: about two minutes of one
+CPU thread for three seeds (`make experiments` runs it)."""
+
+import argparse
+import time
+
+import torch
+from record import log, write_results  # experiments/record.py, beside this script
+
+from transformer_lib.data import CharTokenizer, number_pairs, split_numbers
+from transformer_lib.decoding import evaluate_translations, translate
+from transformer_lib.model import TransformerConfig
+from transformer_lib.training import train_translator
+
+VARIANTS = {"warm-up, ε = 0.1": {}, "no warm-up, ε = 0.1": {"warmup": False},
+            "warm-up, ε = 0": {"label_smoothing": 0.0}}
+PEAK_LR, STEPS, BATCH = 2e-3, 1500, 64      # Chapter 8's main run, whose training numbers build the tokenizer
+
+
+def chapter_tokenizer():
+    """Chapter 8's CharTokenizer: built from the English and German text of the main run's training numbers."""
+    pool, _, _ = split_numbers(1_000_000, 500, 2_000, seed=0)
+    draw = torch.randperm(len(pool), generator=torch.Generator().manual_seed(1))[:STEPS * BATCH]
+    return CharTokenizer.from_texts([text for pair in number_pairs([pool[i] for i in draw.tolist()]) for text in pair])
+
+
+def ablation(tokenizer, steps, seed, **options) -> dict:
+    """Chapter 8's ablation(): a fresh model trained on 0..9,999, its held-out exact match and CER (greedy)."""
+    small_train, _, small_test = split_numbers(10_000, 500, 1_000, seed=0)
+    test_pairs = number_pairs(small_test[::2])
+    config = TransformerConfig(src_vocab_size=len(tokenizer), tgt_vocab_size=len(tokenizer), d_model=64, num_heads=4,
+                               d_ff=256, num_encoder_layers=2, num_decoder_layers=2, dropout=0.0, max_len=128,
+                               pad_id=tokenizer.pad_id)
+    model, history = train_translator(config, tokenizer, number_pairs(small_train), steps, seed=seed, lr=PEAK_LR,
+                                      **options)
+    scores = evaluate_translations(translate(model, tokenizer, [en for en, _ in test_pairs]),
+                                   [de for _, de in test_pairs])
+    return {"exact_match": scores["exact_match"], "cer": scores["cer"],
+            "loss": [round(x, 5) for x in history["loss"]]}
+
+
+def make_parser():
+    """The script's arguments; their defaults are what the committed results were run with."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=200, help="optimizer steps of 32 numbers per run")
+    parser.add_argument("--json", default=None, help="write the results here")
+    return parser
+
+
+def main(argv=None):
+    args = make_parser().parse_args(argv)
+    tokenizer = chapter_tokenizer()
+    runs = []
+    for name, options in VARIANTS.items():
+        for seed in args.seeds:
+            start = time.perf_counter()
+            run = ablation(tokenizer, args.steps, seed, **options)
+            log(runs, {"variant": name, "seed": seed, **run, "seconds": round(time.perf_counter() - start, 1)})
+    return write_results("experiments/ablation.py", {"steps": args.steps, "seeds": args.seeds}, runs, args.json)
+
+
+if __name__ == "__main__":
+    main()
