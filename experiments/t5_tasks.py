@@ -13,45 +13,23 @@ Not part of `make test` (about 20 minutes of one CPU thread for three seeds; `ma
 import argparse
 import time
 
-import torch
 from record import log, write_results  # experiments/record.py, beside this script
 
-from transformer_lib.bert import IGNORE_INDEX, token_cross_entropy
+from transformer_lib.bert import IGNORE_INDEX
 from transformer_lib.classifier import fit, random_batches
-from transformer_lib.data import CharTokenizer, number_pairs, split_numbers
-from transformer_lib.t5 import T5, T5Config, shift_right, t5_generate
+from transformer_lib.data import CharTokenizer, split_numbers
+from transformer_lib.t5 import NUMBER_TASKS, T5, T5Config, encode_texts, number_tasks, t5_generate, t5_loss
 from transformer_lib.utils import seed_everything
 
-TASKS = ("en-de", "de-en", "en-num")
+TASKS = NUMBER_TASKS
 
 
-def number_tasks(seed: int = 0):
+def task_data(seed: int = 0):
     """Chapter 12's examples: (train, test) lists of (input, output, task) and the character tokenizer."""
     train_numbers, _, test_numbers = split_numbers(1000, 0, 200, seed=seed)
-    words = dict(zip(range(1000), number_pairs(range(1000), "en", "de"), strict=True))
-
-    def examples(numbers):
-        out = []
-        for n in numbers:
-            en, de = words[n]
-            out += [(f"en-de: {en}", de, "en-de"), (f"de-en: {de}", en, "de-en"), (f"en-num: {en}", str(n), "en-num")]
-        return out
-
-    train, test = examples(train_numbers), examples(test_numbers)
+    train, test = number_tasks(train_numbers), number_tasks(test_numbers)
     tokenizer = CharTokenizer.from_texts([text for ex in train + test for text in ex[:2]])
     return train, test, tokenizer
-
-
-def encode(tokenizer, rows, column, pad):
-    """One column of rows as a padded (len(rows), longest + 1) id tensor, each row ending in eos."""
-    ids = [tokenizer.encode(row[column], eos=True) for row in rows]
-    width = max(map(len, ids))
-    return torch.tensor([row + [pad] * (width - len(row)) for row in ids])
-
-
-def t5_loss(model, batch):
-    src, labels = batch
-    return token_cross_entropy(model(src, shift_right(labels)), labels)
 
 
 def train_t5(rows, tokenizer, steps, batch_size, lr, seed):
@@ -61,15 +39,15 @@ def train_t5(rows, tokenizer, steps, batch_size, lr, seed):
                       num_decoder_layers=2, num_buckets=16, max_distance=64, dropout=0.0,
                       pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id)
     model = T5(config)
-    batches = random_batches(encode(tokenizer, rows, 0, tokenizer.pad_id), encode(tokenizer, rows, 1, IGNORE_INDEX),
-                             batch_size=batch_size, seed=seed)
+    batches = random_batches(encode_texts(tokenizer, [ex[0] for ex in rows], tokenizer.pad_id),
+                             encode_texts(tokenizer, [ex[1] for ex in rows], IGNORE_INDEX), batch_size=batch_size, seed=seed)
     fit(model, t5_loss, batches, steps, lr=lr, clip_norm=1.0, progress=False)
     return model
 
 
 def exact_match(model, tokenizer, rows):
     """The fraction of rows whose greedy output equals the expected text."""
-    out = t5_generate(model, encode(tokenizer, rows, 0, tokenizer.pad_id), max_new_tokens=40)
+    out = t5_generate(model, encode_texts(tokenizer, [ex[0] for ex in rows], tokenizer.pad_id), max_new_tokens=40)
     return sum(tokenizer.decode(row) == ex[1] for row, ex in zip(out, rows, strict=True)) / len(rows)
 
 
@@ -86,7 +64,7 @@ def make_parser():
 
 def main(argv=None):
     args = make_parser().parse_args(argv)
-    train, test, tokenizer = number_tasks()
+    train, test, tokenizer = task_data()
     runs = []
     for seed in args.seeds:
         plans = [("multi-task", TASKS, args.steps)] + [("single-task", (task,), args.steps // 3) for task in TASKS]

@@ -14,41 +14,21 @@ import argparse
 import time
 
 import torch
-import torch.nn as nn
 from record import log, write_results  # experiments/record.py, beside this script
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 
 from transformer_lib.classifier import classification_loss, fit
 from transformer_lib.utils import seed_everything
-from transformer_lib.vit import ViT, ViTConfig, image_batches, patchify, unpatchify
+from transformer_lib.vit import (
+    ViT,
+    ViTConfig,
+    cnn_baseline,
+    digits_split,
+    image_batches,
+    mlp_baseline,
+    shuffle_patches,
+)
 
 PATCHES = (2, 4, 8)
-
-
-def digits_split():
-    """Chapter 12's split: 1,437 training and 360 test digits (80/20, stratified, random_state=0)."""
-    digits = load_digits()
-    images = torch.tensor(digits.images, dtype=torch.float32)[:, None] / 16      # (1797, 1, 8, 8) in [0, 1]
-    targets = torch.tensor(digits.target)
-    train, test = train_test_split(range(len(targets)), test_size=0.2, stratify=targets.numpy(), random_state=0)
-    return images[train], targets[train], images[test], targets[test]
-
-
-def small_cnn():
-    """Chapter 12's baseline: two 3x3 convolutions, a max-pool and a linear layer."""
-    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
-                         nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * 4 * 4, 10))
-
-
-def mlp():
-    """Chapter 12's other baseline: an MLP on the 64 pixels."""
-    return nn.Sequential(nn.Flatten(), nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
-
-
-def shuffle_patches(images, order, patch_size):
-    """Patch i of the result is patch order[i] of the input (Chapter 12's fixed shuffle)."""
-    return unpatchify(patchify(images, patch_size)[:, order], patch_size, images.size(-2), images.size(-1))
 
 
 def train_and_test(model, data, steps, seed, order=None):
@@ -84,12 +64,12 @@ def main(argv=None):
     for seed in args.seeds:
         for name, make, steps, shuffled in (
                 *((f"ViT, patch {p}", lambda p=p: ViT(ViTConfig(patch_size=p)), args.steps, False) for p in PATCHES),
-                ("CNN", small_cnn, args.steps, False),
-                ("MLP", mlp, args.steps, False),
+                ("CNN", cnn_baseline, args.steps, False),
+                ("MLP", mlp_baseline, args.steps, False),
                 ("ViT, patch 2", lambda: ViT(ViTConfig(patch_size=2)), args.shuffle_steps, False),
                 ("ViT, patch 2", lambda: ViT(ViTConfig(patch_size=2)), args.shuffle_steps, True),
-                ("CNN", small_cnn, args.shuffle_steps, False),
-                ("CNN", small_cnn, args.shuffle_steps, True)):
+                ("CNN", cnn_baseline, args.shuffle_steps, False),
+                ("CNN", cnn_baseline, args.shuffle_steps, True)):
             seed_everything(seed)
             start = time.perf_counter()
             accuracy = train_and_test(make(), data, steps, seed, order if shuffled else None)

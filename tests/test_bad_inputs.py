@@ -187,6 +187,14 @@ def check_translator():
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), again.parameters(), strict=True))
 
 
+def check_shuffle(dt):
+    """Shuffling by a permutation and then by its inverse gives the images back; patch i comes from patch order[i]."""
+    images, order = t(dt, 2, 3, 4, 6), torch.tensor([4, 0, 5, 2, 1, 3])
+    shuffled = vit_mod.shuffle_patches(images, order, 2)
+    assert torch.equal(vit_mod.patchify(shuffled, 2)[:, 1], vit_mod.patchify(images, 2)[:, 0])
+    assert torch.equal(vit_mod.shuffle_patches(shuffled, order.argsort(), 2), images)
+
+
 def tmp_checkpoint(content):
     """Save `content` (a dict with its checksum, as save_checkpoint would) in a temporary file and call
     load_checkpoint on it."""
@@ -785,6 +793,12 @@ TENSOR_CASES = [
     ("unpatchify/patches-2d", lambda dt: vit_mod.unpatchify(t(dt, 4, 16), 4, 8, 8), err("patches", FIT)),
     ("patchify/ok-round-trip", lambda dt: None if torch.equal(vit_mod.unpatchify(vit_mod.patchify(t(dt, 2, 3, 6, 9), 3), 3, 6, 9), t(dt, 2, 3, 6, 9)) else pytest.fail("round trip"), OK),
     ("patchify/ok-empty-batch", lambda dt: shape_is(vit_mod.patchify(t(dt, 0, 1, 4, 4), 2), 0, 4, 4), OK),
+    ("shuffle_patches/order-not-permutation", lambda dt: vit_mod.shuffle_patches(t(dt, 2, 1, 4, 4), torch.tensor([0, 0, 1, 2]), 2), err("order", "permutation")),
+    ("shuffle_patches/order-too-short", lambda dt: vit_mod.shuffle_patches(t(dt, 2, 1, 4, 4), torch.tensor([1, 0]), 2), err("order", "permutation of 0 .. 3")),
+    ("shuffle_patches/order-float", lambda dt: vit_mod.shuffle_patches(t(dt, 2, 1, 4, 4), torch.tensor([1.0, 0.0, 2.0, 3.0]), 2), err("order", "permutation")),
+    ("shuffle_patches/order-list", lambda dt: vit_mod.shuffle_patches(t(dt, 2, 1, 4, 4), [1, 0, 2, 3], 2), err("order", "permutation")),
+    ("shuffle_patches/images-3d", lambda dt: vit_mod.shuffle_patches(t(dt, 1, 4, 4), torch.arange(4), 2), err("images", FIT)),
+    ("shuffle_patches/ok-inverse-restores", lambda dt: check_shuffle(dt), OK),
     ("vit/wrong-channels", lambda dt: M("vit", dt)(t(dt, 2, 3, 4, 4)), err("images", "shape")),
     ("vit/wrong-size", lambda dt: M("vit", dt)(t(dt, 2, 1, 8, 8)), err("images", "shape")),
     ("vit/images-3d", lambda dt: M("vit", dt)(t(dt, 2, 4, 4)), err("images", FIT)),
@@ -1058,6 +1072,19 @@ PLAIN_CASES = [
     ("train_translator/label_smoothing=1.5", lambda: translator_call(label_smoothing=1.5), err("label_smoothing", "")),
     ("train_translator/batch_size=0", lambda: translator_call(batch_size=0), err("batch_size", INT)),
     ("train_translator/ok-seeded-eval-mode", lambda: check_translator(), OK),
+    ("number_tasks/int", lambda: t5_mod.number_tasks(42), err("numbers", "list")),
+    ("number_tasks/negative", lambda: t5_mod.number_tasks([3, -1]), err("numbers", "non-negative")),
+    ("number_tasks/ok-three-tasks", lambda: None if t5_mod.number_tasks(range(42, 43)) == [("en-de: forty-two", "zweiundvierzig", "en-de"), ("de-en: zweiundvierzig", "forty-two", "de-en"), ("en-num: forty-two", "42", "en-num")] else pytest.fail("tasks"), OK),
+    ("encode_texts/tokenizer-str", lambda: t5_mod.encode_texts("abc", ["ab"], 0), err("tokenizer", "CharTokenizer")),
+    ("encode_texts/texts-str", lambda: t5_mod.encode_texts(tok(), "abc", 0), err("texts", "list")),
+    ("encode_texts/texts-empty", lambda: t5_mod.encode_texts(tok(), [], 0), err("texts", "non-empty")),
+    ("encode_texts/pad_id-float", lambda: t5_mod.encode_texts(tok(), ["ab"], 0.0), err("pad_id", "int")),
+    ("encode_texts/unknown-character", lambda: t5_mod.encode_texts(tok(), ["abz"], 0), err("text|texts", "vocabulary")),
+    ("encode_texts/ok-padded", lambda: None if t5_mod.encode_texts(tok(), ["ab", "c"], -100).tolist() == [[tok().encode("ab", eos=True)[0], tok().encode("ab", eos=True)[1], EOS], [tok().encode("c")[0], EOS, -100]] else pytest.fail("padding"), OK),
+    ("t5_loss/batch-tensor", lambda: t5_mod.t5_loss(M("t5"), torch.zeros(2, 3, dtype=torch.long)), err("batch", "pair")),
+    ("digits_split/seed=-1", lambda: vit_mod.digits_split(seed=-1), err("seed", INT)),
+    ("digits_split/ok-shapes", lambda: None if [tuple(x.shape) for x in vit_mod.digits_split()] == [(1437, 1, 8, 8), (1437,), (360, 1, 8, 8), (360,)] else pytest.fail("shapes"), OK),
+    ("baselines/ok-logits", lambda: None if vit_mod.cnn_baseline()(torch.zeros(2, 1, 8, 8)).shape == vit_mod.mlp_baseline()(torch.zeros(2, 1, 8, 8)).shape == (2, 10) else pytest.fail("shape"), OK),
     ("load_results/unknown-name", lambda: trn.load_results("nonexistent"), err("name", "one of")),
     ("load_results/ok-ablation", lambda: None if trn.load_results("ablation")["runs"] else pytest.fail("no runs"), OK),
     ("evaluate_loss/empty-loader", lambda: trn.evaluate_loss(M("model"), [], loss_fn()), err("loader", EMPTY)),
