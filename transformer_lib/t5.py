@@ -393,7 +393,7 @@ def t5_generate(model: T5, src, max_new_tokens: int, src_mask=None, use_cache: b
                               max_new_tokens=max_new_tokens, use_cache=use_cache)
     return tokens
 
-# %% ../chapters/12_t5_and_vit.ipynb #c12tk
+
 NUMBER_TASKS = ("en-de", "de-en", "en-num")
 
 

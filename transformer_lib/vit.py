@@ -244,7 +244,7 @@ def image_batches(images, labels, batch_size: int = 64, max_shift: int = 1, seed
             rows = order[start:start + batch_size]
             yield shifted(images[rows], max_shift, g), labels[rows]
 
-# %% ../chapters/12_t5_and_vit.ipynb #c12vb
+
 def digits_split(seed: int = 0):
     """scikit-learn's 1,797 handwritten digits (8x8 pixels, shipped with the package: no download) as images in
     [0, 1], split 80 % / 20 % and stratified by class (train_test_split with random_state=seed).
@@ -272,7 +272,7 @@ def mlp_baseline() -> nn.Sequential:
     return nn.Sequential(nn.Flatten(), nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
                          nn.Linear(256, 10))
 
-# %% ../chapters/12_t5_and_vit.ipynb #c12sp
+
 def shuffle_patches(images, order, patch_size: int):
     """images (B, C, H, W) with their patch_size x patch_size patches rearranged: patch i of the result is patch
     order[i] of the input (patches numbered row by row, as patchify numbers them). order: a permutation of
