@@ -10,11 +10,10 @@ The seed sets the initial weights and the order of the batches. Chapter 8 prints
 each seed's value) and plots each run's training loss from it. Not part of `make test`: about two minutes of one
 CPU thread for three seeds (`make experiments` runs it)."""
 
-import argparse
 import time
 
 import torch
-from record import log, write_results  # experiments/record.py, beside this script
+from record import log, seeds_parser, write_results  # experiments/record.py, beside this script
 
 from transformer_lib.data import CharTokenizer, number_pairs, split_numbers
 from transformer_lib.decoding import evaluate_translations, translate
@@ -50,10 +49,8 @@ def ablation(tokenizer, steps, seed, **options) -> dict:
 
 def make_parser():
     """The script's arguments; their defaults are what the committed results were run with."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser = seeds_parser(__doc__)
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps of 32 numbers per run")
-    parser.add_argument("--json", default=None, help="write the results here")
     return parser
 
 

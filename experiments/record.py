@@ -1,8 +1,18 @@
 """What every script of experiments/ does with its runs: print each as it ends, and write them all as one JSON."""
 
+import argparse
 import json
 
 import torch
+
+
+def seeds_parser(doc: str) -> argparse.ArgumentParser:
+    """The arguments every script has: --seeds (default 0 1 2) and --json (where to write the results); the
+    script adds its budgets. Its description is the first paragraph of doc (the script's docstring)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--json", default=None, help="write the results here")
+    return parser
 
 
 def log(runs: list, run: dict) -> None:

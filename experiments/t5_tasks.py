@@ -10,10 +10,9 @@ layers, AdamW at a peak of 5e-3 with 10 % warm-up and linear decay, clipping at 
 initial weights and the order of the batches. Chapter 12 prints the committed JSON and asserts its claims on it.
 Not part of `make test` (about 20 minutes of one CPU thread for three seeds; `make experiments` runs it)."""
 
-import argparse
 import time
 
-from record import log, write_results  # experiments/record.py, beside this script
+from record import log, seeds_parser, write_results  # experiments/record.py, beside this script
 
 from transformer_lib.bert import IGNORE_INDEX
 from transformer_lib.classifier import fit, random_batches
@@ -53,12 +52,10 @@ def exact_match(model, tokenizer, rows):
 
 def make_parser():
     """The script's arguments; their defaults are what the committed results were run with."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser = seeds_parser(__doc__)
     parser.add_argument("--steps", type=int, default=2400, help="the multi-task model's steps")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=5e-3, help="the peak learning rate")
-    parser.add_argument("--json", default=None, help="write the results here")
     return parser
 
 

@@ -10,11 +10,10 @@ Every run is Chapter 12's: the same split of scikit-learn's digits, the same ran
 of the batches. Chapter 12 prints the committed JSON (mean and spread over the seeds) and asserts its claims on it.
 Not part of `make test`: about 25 minutes of one CPU thread for three seeds (`make experiments` runs it)."""
 
-import argparse
 import time
 
 import torch
-from record import log, write_results  # experiments/record.py, beside this script
+from record import log, seeds_parser, write_results  # experiments/record.py, beside this script
 
 from transformer_lib.classifier import classification_loss, fit
 from transformer_lib.utils import seed_everything
@@ -48,11 +47,9 @@ def train_and_test(model, data, steps, seed, order=None):
 
 def make_parser():
     """The script's arguments; their defaults are what the committed results were run with."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser = seeds_parser(__doc__)
     parser.add_argument("--steps", type=int, default=4000, help="the main run's budget (patch table, baselines)")
     parser.add_argument("--shuffle-steps", type=int, default=1000, help="the shuffle test's budget")
-    parser.add_argument("--json", default=None, help="write the results here")
     return parser
 
 
