@@ -87,11 +87,12 @@ test-fast: venv
 
 # The oldest versions the package declares (pyproject.toml's `>=` floors, torch excepted: see CONTRIBUTING.md),
 # fully pinned in constraints-floor.txt, in their own virtualenv; the library tests only (no notebooks: their
-# stored outputs belong to the lock's versions). `make lock-floor` regenerates constraints-floor.txt.
+# stored outputs belong to the lock's versions; nor the maintainers' scripts of experiments/ and benchmarks/, which
+# run in .venv). `make lock-floor` regenerates constraints-floor.txt.
 FLOOR_VENV   := .venv-floor
 FLOOR_TOOLS  := pytest pytest-xdist hypothesis nbformat pyyaml
 FLOOR_IGNORE := --ignore=tests/test_browser.py --ignore=tests/test_export.py --ignore=tests/test_book_structure.py \
-                --ignore=tests/test_nbval_sanitize.py
+                --ignore=tests/test_nbval_sanitize.py --ignore=tests/test_experiments.py --ignore=tests/test_bench.py
 $(FLOOR_VENV)/.installed: pyproject.toml $(FLOOR_LOCK) | $(VENV)/.installed
 	rm -rf $(FLOOR_VENV) && $(PYTHON) -m venv $(FLOOR_VENV)
 	$(BIN)/python tools/torch_overlay.py $(FLOOR_VENV)/bin/python $(FLOOR_VENV)/torch-overlay   # .venv's torch
