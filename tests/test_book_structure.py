@@ -166,3 +166,23 @@ def test_every_exercise_names_a_grader_that_its_solution_calls(path):
         assert named, f"exercise {title!r} names no grader (check_xxx(...))"
         assert set(named) <= known, f"exercise {title!r} names {set(named) - known}, not in transformer_lib.exercises"
         assert called, f"exercise {title!r}: no code cell of the section calls {named}"
+
+
+def test_chapters_as_scripts_keep_every_code_cell_and_compile(tmp_path):
+    import chapters_as_scripts
+
+    for path in CHAPTERS:
+        script = chapters_as_scripts.chapter_script(path)
+        compile(script, str(path), "exec")                          # a SyntaxError names the chapter
+        code_cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+        assert script.count('print("@@CELL"') == len(code_cells) and script.endswith('print("@@DONE", flush=True)\n')
+        assert "# Setup: on Colab" not in script                  # the cell that would pip-install the library
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 2"), nbformat.v4.new_code_cell("print(x * 21)")])
+    nbformat.write(nb, tmp_path / "tiny.ipynb")
+    chapters_as_scripts.main([str(tmp_path / "out"), str(tmp_path / "tiny.ipynb")])
+    run = subprocess.run([sys.executable, str(tmp_path / "out" / "tiny.py")], capture_output=True, text=True)
+    assert run.stdout.split() == ["@@CELL", "0", "@@CELL", "1", "42", "@@DONE"]
+    nb.cells.append(nbformat.v4.new_code_cell("!pip install something"))
+    nbformat.write(nb, tmp_path / "magic.ipynb")
+    with pytest.raises(ValueError, match="code cell 2 uses IPython syntax"):
+        chapters_as_scripts.chapter_script(tmp_path / "magic.ipynb")
