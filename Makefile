@@ -11,9 +11,14 @@ TORCH_SPEC ?= torch==2.13.0
 # The lock: exact versions of everything else (see tools/lock.py). `make lock` regenerates it.
 LOCK       := constraints.txt
 FLOOR_LOCK := constraints-floor.txt
-# --no-compile: pip would byte-compile every installed file (torch's alone: 21 of its 36 s here); Python compiles
-# what is imported, on first import, instead (installing requirements.txt: 61 s instead of 107 s, 2026-11-26).
+# --no-compile: pip byte-compiles every installed file on one core (installing requirements.txt: 107 s instead of
+# 61 s, 2026-11-26); COMPILE does it afterwards on every core (about 36 s for .venv here). Python would compile on
+# first import otherwise, but where PYTHONDONTWRITEBYTECODE is set (as on our CI machines) it never writes the
+# result, and every process (each test worker, subprocess and notebook kernel) compiles torch and transformers
+# again: the library tests took 168 s instead of 120 s that way (2026-11-27). A file that does not compile (torch
+# ships one in Python 3.12 syntax) could not be imported either: compileall's complaints are silenced.
 PIP        := $(BIN)/python -m pip install -q --no-compile -c $(LOCK)
+COMPILE     = -m compileall -qq -j 0 $$($(1) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || true
 NBVAL      := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg
 JOBS       ?= 2
 TIMED      := tools/timed
@@ -42,6 +47,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml $(LOCK)
 	$(PIP) -r requirements.txt
 	$(BIN)/python -m pip uninstall -q -y transformer_lib 2>/dev/null; rm -rf transformer_lib.egg-info
 	$(PIP) -e ".[dev]"
+	$(BIN)/python $(call COMPILE,$(BIN)/python)
 	touch $@
 
 venv: $(VENV)/.installed
@@ -98,6 +104,7 @@ $(FLOOR_VENV)/.installed: pyproject.toml $(FLOOR_LOCK) | $(VENV)/.installed
 	$(BIN)/python tools/torch_overlay.py $(FLOOR_VENV)/bin/python $(FLOOR_VENV)/torch-overlay   # .venv's torch
 	$(FLOOR_VENV)/bin/python -m pip install -q --no-compile -c $(FLOOR_LOCK) $(TORCH_SPEC)
 	$(FLOOR_VENV)/bin/python -m pip install -q --no-compile -c $(FLOOR_LOCK) -e ".[book]" $(FLOOR_TOOLS)
+	$(FLOOR_VENV)/bin/python $(call COMPILE,$(FLOOR_VENV)/bin/python)
 	touch $@
 
 test-floor: $(FLOOR_VENV)/.installed
