@@ -18,7 +18,7 @@ FLOOR_LOCK := constraints-floor.txt
 # again: the library tests took 168 s instead of 120 s that way (2026-11-27). A file that does not compile (torch
 # ships one in Python 3.12 syntax) could not be imported either: compileall's complaints are silenced.
 PIP        := $(BIN)/python -m pip install -q --no-compile -c $(LOCK)
-COMPILE     = -m compileall -qq -j 0 $$($(1) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || true
+COMPILE     = $(1) -m compileall -qq -j 0 $$($(1) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || true
 NBVAL      := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg
 JOBS       ?= 2
 TIMED      := tools/timed
@@ -47,7 +47,7 @@ $(VENV)/.installed: requirements.txt pyproject.toml $(LOCK)
 	$(PIP) -r requirements.txt
 	$(BIN)/python -m pip uninstall -q -y transformer_lib 2>/dev/null; rm -rf transformer_lib.egg-info
 	$(PIP) -e ".[dev]"
-	$(BIN)/python $(call COMPILE,$(BIN)/python)
+	$(call COMPILE,$(BIN)/python)
 	touch $@
 
 venv: $(VENV)/.installed
@@ -104,7 +104,7 @@ $(FLOOR_VENV)/.installed: pyproject.toml $(FLOOR_LOCK) | $(VENV)/.installed
 	$(BIN)/python tools/torch_overlay.py $(FLOOR_VENV)/bin/python $(FLOOR_VENV)/torch-overlay   # .venv's torch
 	$(FLOOR_VENV)/bin/python -m pip install -q --no-compile -c $(FLOOR_LOCK) $(TORCH_SPEC)
 	$(FLOOR_VENV)/bin/python -m pip install -q --no-compile -c $(FLOOR_LOCK) -e ".[book]" $(FLOOR_TOOLS)
-	$(FLOOR_VENV)/bin/python $(call COMPILE,$(FLOOR_VENV)/bin/python)
+	$(call COMPILE,$(FLOOR_VENV)/bin/python)
 	touch $@
 
 test-floor: $(FLOOR_VENV)/.installed
@@ -128,7 +128,7 @@ lock-floor:
 # {8, 15}), then each of the rest to the worker that finishes a file first: 13 to the second (Chapter 8 ends first),
 # 14 to the first. With one thread each (seconds, 2026-11-26): 11 ~560, 8 ~460 (~360 without its ablation, now in
 # make experiments), 12 ~346, 15 ~290, 13 ~155, 14 ~140. Longest first: no long chapter starts last. make test runs
-# these and the other chapters in one stage (test-notebooks-ci below: 1,430 s on 50bff6f, on a slow machine).
+# these and the other chapters in one stage (test-notebooks-ci below: 1,088 s on 1be5be7, on a slow machine).
 TRAINING_NBS   := chapters/11_decoder_only.ipynb chapters/08_training.ipynb chapters/12_t5_and_vit.ipynb \
                   chapters/15_applications.ipynb chapters/13_scaling.ipynb chapters/14_modern_decoder.ipynb
 test-notebooks: venv

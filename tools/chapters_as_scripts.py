@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import nbformat
+from setup_cell import find_setup_cells  # tools/setup_cell.py, beside this script
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,10 +23,11 @@ ROOT = Path(__file__).resolve().parent.parent
 def chapter_script(path) -> str:
     """The script of one chapter notebook."""
     lines = [f"# generated from chapters/{Path(path).name} by tools/chapters_as_scripts.py"]
-    cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
-    for i, cell in enumerate(cells):
+    nb = nbformat.read(path, as_version=4)
+    setup = {id(nb.cells[i]) for i in find_setup_cells(nb)}
+    for i, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
         lines.append(f'print("@@CELL", {i}, flush=True)')
-        if cell.source.startswith("#| default_exp") or "# Setup: on Colab" in cell.source:
+        if cell.source.startswith("#| default_exp") or id(cell) in setup:
             continue                                             # nbdev's marker; the Colab install
         magic = [line for line in cell.source.splitlines() if line.lstrip().startswith(("%", "!"))]
         if magic:
