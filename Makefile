@@ -11,13 +11,19 @@ TORCH_SPEC ?= torch==2.13.0
 # The lock: exact versions of everything else (see tools/lock.py). `make lock` regenerates it.
 LOCK       := constraints.txt
 FLOOR_LOCK := constraints-floor.txt
-# --no-compile: pip byte-compiles every installed file on one core (installing requirements.txt: 107 s instead of
-# 61 s, 2026-11-26); COMPILE does it afterwards on every core (about 36 s for .venv here). Python would compile on
-# first import otherwise, but where PYTHONDONTWRITEBYTECODE is set (as on our CI machines) it never writes the
-# result, and every process (each test worker, subprocess and notebook kernel) compiles torch and transformers
-# again: the library tests took 168 s instead of 120 s that way (2026-11-27). A file that does not compile (torch
-# ships one in Python 3.12 syntax) could not be imported either: compileall's complaints are silenced.
+# Installing: pip installs torch (TORCH_SPEC: pip finds the CPU wheel on CI's disk, uv would not) and uv (UV_SPEC),
+# and uv installs everything else from the lock: the same versions (`pip freeze` equal), in about 10 s instead of
+# pip's 64 s (2026-11-27, this machine). If uv fails (no wheel for the platform, a network it cannot use), pip
+# installs the same lock instead. Neither byte-compiles (pip: --no-compile, one core: 107 s instead of 61 s for
+# requirements.txt, 2026-11-26); COMPILE does it afterwards on every core (about 36 s for .venv here). Python would
+# compile on first import otherwise, but where PYTHONDONTWRITEBYTECODE is set (as on our CI machines) it never
+# writes the result, and every process (each test worker, subprocess and notebook kernel) compiles torch and
+# transformers again: the library tests took 168 s instead of 120 s that way (2026-11-27). A file that does not
+# compile (torch ships one in Python 3.12 syntax) could not be imported either: compileall's complaints are silenced.
+UV_SPEC    ?= uv==0.13.9
 PIP        := $(BIN)/python -m pip install -q --no-compile -c $(LOCK)
+# $(call INSTALL,python,lock,arguments): uv into that interpreter's environment, pip if uv fails
+INSTALL     = $(BIN)/python -m uv pip install -q --python $(1) -c $(2) $(3) || $(1) -m pip install -q --no-compile -c $(2) $(3)
 COMPILE     = $(1) -m compileall -qq -j 0 $$($(1) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || true
 NBVAL      := --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg
 JOBS       ?= 2
@@ -44,9 +50,10 @@ help:
 $(VENV)/.installed: requirements.txt pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) $(TORCH_SPEC)
-	$(PIP) -r requirements.txt
+	$(BIN)/python -m pip install -q --no-compile $(UV_SPEC)
+	$(call INSTALL,$(BIN)/python,$(LOCK),-r requirements.txt)
 	$(BIN)/python -m pip uninstall -q -y transformer_lib 2>/dev/null; rm -rf transformer_lib.egg-info
-	$(PIP) -e ".[dev]"
+	$(call INSTALL,$(BIN)/python,$(LOCK),-e ".[dev]")
 	$(call COMPILE,$(BIN)/python)
 	touch $@
 
@@ -94,7 +101,8 @@ test-fast: venv
 # The oldest versions the package declares (pyproject.toml's `>=` floors, torch excepted: see CONTRIBUTING.md),
 # fully pinned in constraints-floor.txt, in their own virtualenv; the library tests only (no notebooks: their
 # stored outputs belong to the lock's versions; nor the maintainers' scripts of experiments/ and benchmarks/, which
-# run in .venv). `make lock-floor` regenerates constraints-floor.txt.
+# run in .venv). `make lock-floor` regenerates constraints-floor.txt. pip, not uv, installs it: uv does not see the
+# torch that tools/torch_overlay.py links in, and would install another torch from the registry (a CUDA build).
 FLOOR_VENV   := .venv-floor
 FLOOR_TOOLS  := pytest pytest-xdist hypothesis nbformat pyyaml
 FLOOR_IGNORE := --ignore=tests/test_browser.py --ignore=tests/test_export.py --ignore=tests/test_book_structure.py \

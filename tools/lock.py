@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LOCK = ROOT / "constraints.txt"
 FLOOR_LOCK = ROOT / "constraints-floor.txt"
 OURS = "transformer-textbook"
-NOT_LOCKED = {OURS, "torch", "pip", "setuptools", "wheel"}
+NOT_LOCKED = {OURS, "torch", "pip", "setuptools", "wheel", "uv"}
 
 HEADER = """\
 # The lock: exact versions of everything `make` installs, the ones that produced the chapters' stored outputs.
