@@ -101,8 +101,10 @@ test-fast: venv
 # The oldest versions the package declares (pyproject.toml's `>=` floors, torch excepted: see CONTRIBUTING.md),
 # fully pinned in constraints-floor.txt, in their own virtualenv; the library tests only (no notebooks: their
 # stored outputs belong to the lock's versions; nor the maintainers' scripts of experiments/ and benchmarks/, which
-# run in .venv). `make lock-floor` regenerates constraints-floor.txt. pip, not uv, installs it: uv does not see the
-# torch that tools/torch_overlay.py links in, and would install another torch from the registry (a CUDA build).
+# run in .venv). `make lock-floor` regenerates constraints-floor.txt. uv installs exactly the packages the floor lock
+# pins and the package itself, without resolving (--no-deps; 4 s instead of pip's 39 s here): resolving, uv would not
+# see the torch that tools/torch_overlay.py links in and would install another torch from the registry (a CUDA
+# build). The lock check below says if the result differs from the lock; pip resolves instead if uv fails.
 FLOOR_VENV   := .venv-floor
 FLOOR_TOOLS  := pytest pytest-xdist hypothesis nbformat pyyaml
 FLOOR_IGNORE := --ignore=tests/test_browser.py --ignore=tests/test_export.py --ignore=tests/test_book_structure.py \
@@ -110,8 +112,9 @@ FLOOR_IGNORE := --ignore=tests/test_browser.py --ignore=tests/test_export.py --i
 $(FLOOR_VENV)/.installed: pyproject.toml $(FLOOR_LOCK) | $(VENV)/.installed
 	rm -rf $(FLOOR_VENV) && $(PYTHON) -m venv $(FLOOR_VENV)
 	$(BIN)/python tools/torch_overlay.py $(FLOOR_VENV)/bin/python $(FLOOR_VENV)/torch-overlay   # .venv's torch
-	$(FLOOR_VENV)/bin/python -m pip install -q --no-compile -c $(FLOOR_LOCK) $(TORCH_SPEC)
-	$(FLOOR_VENV)/bin/python -m pip install -q --no-compile -c $(FLOOR_LOCK) -e ".[book]" $(FLOOR_TOOLS)
+	$(BIN)/python -m uv pip install -q --python $(FLOOR_VENV)/bin/python --no-deps -r $(FLOOR_LOCK) -e . || \
+	    ($(FLOOR_VENV)/bin/python -m pip install -q --no-compile -c $(FLOOR_LOCK) $(TORCH_SPEC) && \
+	     $(FLOOR_VENV)/bin/python -m pip install -q --no-compile -c $(FLOOR_LOCK) -e ".[book]" $(FLOOR_TOOLS))
 	$(call COMPILE,$(FLOOR_VENV)/bin/python)
 	touch $@
 
@@ -165,8 +168,9 @@ test-notebooks-other-cpu: venv
 # about two minutes), then the rest.
 CI_NBS := $(TRAINING_NBS) chapters/10_encoder_only.ipynb $(filter-out chapters/10_encoder_only.ipynb,$(OTHER_CPU_NBS))
 test-notebooks-ci: venv
-	NBVAL_TRAINING="$(TRAINING_NBS)" NBVAL_PORTABLE="$(OTHER_CPU)" $(BIN)/pytest $(NBVAL) $(CI_NBS) -n $(JOBS) \
-	    --dist loadfile --no-loadscope-reorder -q
+	@mkdir -p _build && : > _build/nbval-times.txt
+	NBVAL_TRAINING="$(TRAINING_NBS)" NBVAL_PORTABLE="$(OTHER_CPU)" NBVAL_TIMES=_build/nbval-times.txt \
+	    $(BIN)/pytest $(NBVAL) $(CI_NBS) -n $(JOBS) --dist loadfile --no-loadscope-reorder -q
 
 # The book, executing every chapter (`execute_notebooks: force`); a cell error or a Sphinx warning fails it.
 book: venv
