@@ -186,3 +186,25 @@ def test_chapters_as_scripts_keep_every_code_cell_and_compile(tmp_path):
     nbformat.write(nb, tmp_path / "magic.ipynb")
     with pytest.raises(ValueError, match="code cell 2 uses IPython syntax"):
         chapters_as_scripts.chapter_script(tmp_path / "magic.ipynb")
+
+
+def test_nbval_reports_each_chapters_span_per_worker(tmp_path):
+    """chapters/conftest.py with NBVAL_TIMES set: every worker records when each notebook started and ended, and the
+    run ends with the table (make test's nbval stage prints it: its critical path)."""
+    (tmp_path / "conftest.py").write_text((ROOT / "chapters" / "conftest.py").read_text())
+    for name, seconds in (("quick", 0), ("slow", 1.5)):
+        cells = [nbformat.v4.new_code_cell(f"import time; time.sleep({seconds})"), nbformat.v4.new_code_cell("1 + 1")]
+        nbformat.write(nbformat.v4.new_notebook(cells=cells), tmp_path / f"{name}.ipynb")
+    times = tmp_path / "times.txt"
+    env = {**os.environ, "NBVAL_TIMES": str(times)}
+    env.pop("NBVAL_TRAINING", None)
+    run = subprocess.run([sys.executable, "-m", "pytest", "--nbval-lax", "-p", "no:cacheprovider", "-n", "2", "-q",
+                          "quick.ipynb", "slow.ipynb"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:]
+    rows = [line.split() for line in times.read_text().splitlines()]
+    assert sorted(r[1] for r in rows) == ["quick.ipynb", "slow.ipynb"] and {r[0] for r in rows} <= {"gw0", "gw1"}
+    span = {r[1]: float(r[3]) - float(r[2]) for r in rows}
+    assert span["slow.ipynb"] >= 1.5 and span["quick.ipynb"] >= 0     # each span holds its cells (and kernel start)
+    assert "seconds per chapter, by worker" in run.stdout
+    assert re.search(r"slow\.ipynb\s+\d+ -\s*\d+\s+\d+ s", run.stdout), run.stdout[-2000:]
