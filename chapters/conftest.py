@@ -55,15 +55,15 @@ def pytest_runtest_teardown(item):
 def pytest_sessionfinish(session):
     path = os.environ.get("NBVAL_TIMES")
     if path and _spans:
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        worker = getattr(session.config, "workerinput", {}).get("workerid", "main")      # gw0, gw1, ... under xdist
         with open(path, "a", encoding="utf-8") as f:
             f.writelines(f"{worker} {name} {start:.1f} {end:.1f}\n" for name, (start, end) in _spans.items() if end)
 
 
 def pytest_terminal_summary(terminalreporter):
     path = os.environ.get("NBVAL_TIMES")
-    if not path or os.environ.get("PYTEST_XDIST_WORKER") or not Path(path).exists():
-        return
+    if not path or hasattr(terminalreporter.config, "workerinput") or not Path(path).exists():
+        return                                                # an xdist worker: the controller prints the table
     rows = [line.split() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
     if not rows:
         return
