@@ -137,9 +137,9 @@ lock-floor:
 # threads each. (Two two-thread runs side by side would oversubscribe the two cores and each run many times slower.)
 # --dist loadfile without reordering hands out the files in this order, two to each worker at first ({11, 12} and
 # {8, 15}), then each of the rest to the worker that finishes a file first: 13 to the second (Chapter 8 ends first),
-# 14 to the first. With one thread each (seconds, 2026-11-26): 11 ~560, 8 ~460 (~360 without its ablation, now in
-# make experiments), 12 ~346, 15 ~290, 13 ~155, 14 ~140. Longest first: no long chapter starts last. make test runs
-# these and the other chapters in one stage (test-notebooks-ci below: 1,088 s on 1be5be7, on a slow machine).
+# 14 to the first. In make test's stage (seconds, 36df095, 2026-11-27; the table it prints): 11 445, 8 486, 12 361,
+# 15 243, 13 125, 14 173. Longest first: no long chapter starts last. make test runs these and the other chapters in
+# one stage (test-notebooks-ci below: 1,078 s on 36df095, the two workers done at 1,072 s and 1,045 s).
 TRAINING_NBS   := chapters/11_decoder_only.ipynb chapters/08_training.ipynb chapters/12_t5_and_vit.ipynb \
                   chapters/15_applications.ipynb chapters/13_scaling.ipynb chapters/14_modern_decoder.ipynb
 test-notebooks: venv
