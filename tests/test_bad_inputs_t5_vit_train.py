@@ -700,6 +700,7 @@ SETUP = ("import time; from transformer_lib.distributed import setup_distributed
          "    print('ValueError:', e, '| after', round(time.perf_counter() - t, 1), 's')\n")
 
 
+@pytest.mark.processes
 def test_missing_rank_fails_within_the_timeout():
     """WORLD_SIZE=2 but only rank 0 (and, separately, only rank 2 of 3) is started: with a 3 s timeout each
     gives a ValueError naming the missing rank within seconds, not PyTorch's 30 minutes."""
@@ -782,6 +783,7 @@ def test_cli_stops_when_the_loss_is_not_finite(tmp_path):
     assert "error: the loss is" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.processes
 def test_sigkilled_run_resumes_exactly(tmp_path):
     """A real process killed with SIGKILL right after its first checkpoint, resumed from that file: the same
     weights and losses as an uninterrupted run, bit for bit (float64, dropout 0.1, one thread everywhere)."""

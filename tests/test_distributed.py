@@ -305,6 +305,7 @@ def test_killed_run_resumes_exactly(tmp_path):
         train_script.main([*args, "--checkpoint", str(tmp_path / "b.pt"), "--resume", "--lr", "1e-3"])
 
 
+@pytest.mark.processes
 def test_two_processes_equal_one(tmp_path):
     """torchrun with 2 gloo processes, each with half of the global batch of 8, ends with the weights of one
     process (float64, dropout 0): DDP's gradient average with token_mean_loss is the full batch's gradient."""
