@@ -108,8 +108,8 @@ test-fast: venv
 # pins and the package itself, without resolving (--no-deps; 4 s instead of pip's 39 s here): resolving, uv would not
 # see the torch that tools/torch_overlay.py links in and would install another torch from the registry (a CUDA
 # build). The lock check below says if the result differs from the lock; pip resolves instead if uv fails.
-# The tests marked `processes` (torchrun's DDP equality, a lost rank's timeout, a SIGKILLed run resumed: 33 s of the
-# floor run's 160 s of test time here, 2026-11-27) are left out: they test torch's process machinery, and torch is
+# The tests marked `processes` (torchrun's DDP equality, a lost rank's timeout, a SIGKILLed run resumed: 32 s of
+# test time in the floor run here, 2026-11-27) are left out: they test torch's process machinery, and torch is
 # the same in both virtualenvs; what they run of the package runs in-process in the other tests.
 FLOOR_VENV   := .venv-floor
 FLOOR_TOOLS  := pytest pytest-xdist hypothesis nbformat pyyaml
