@@ -107,7 +107,9 @@ test-fast: venv
 # run in .venv). `make lock-floor` regenerates constraints-floor.txt. uv installs exactly the packages the floor lock
 # pins and the package itself, without resolving (--no-deps; 4 s instead of pip's 39 s here): resolving, uv would not
 # see the torch that tools/torch_overlay.py links in and would install another torch from the registry (a CUDA
-# build). The lock check below says if the result differs from the lock; pip resolves instead if uv fails.
+# build). The lock check below says if the result differs from the lock; pip resolves instead if uv fails. The
+# virtualenv is made without pip (uv needs none; `python -m venv` spends 6-9 s installing pip here), and gets pip
+# (ensurepip) only if uv fails.
 # The tests marked `processes` (torchrun's DDP equality, a lost rank's timeout, a SIGKILLed run resumed: 32 s of
 # test time in the floor run here, 2026-11-27) are left out: they test torch's process machinery, and torch is
 # the same in both virtualenvs; what they run of the package runs in-process in the other tests.
@@ -116,10 +118,11 @@ FLOOR_TOOLS  := pytest pytest-xdist hypothesis nbformat pyyaml
 FLOOR_IGNORE := --ignore=tests/test_browser.py --ignore=tests/test_export.py --ignore=tests/test_book_structure.py \
                 --ignore=tests/test_nbval_sanitize.py --ignore=tests/test_experiments.py --ignore=tests/test_bench.py
 $(FLOOR_VENV)/.installed: pyproject.toml $(FLOOR_LOCK) | $(VENV)/.installed
-	rm -rf $(FLOOR_VENV) && $(PYTHON) -m venv $(FLOOR_VENV)
+	rm -rf $(FLOOR_VENV) && $(PYTHON) -m venv --without-pip $(FLOOR_VENV)
 	$(BIN)/python tools/torch_overlay.py $(FLOOR_VENV)/bin/python $(FLOOR_VENV)/torch-overlay   # .venv's torch
 	$(BIN)/python -m uv pip install -q --python $(FLOOR_VENV)/bin/python --no-deps -r $(FLOOR_LOCK) -e . || \
-	    ($(FLOOR_VENV)/bin/python -m pip install -q --no-compile -c $(FLOOR_LOCK) $(TORCH_SPEC) && \
+	    ($(FLOOR_VENV)/bin/python -m ensurepip >/dev/null && \
+	     $(FLOOR_VENV)/bin/python -m pip install -q --no-compile -c $(FLOOR_LOCK) $(TORCH_SPEC) && \
 	     $(FLOOR_VENV)/bin/python -m pip install -q --no-compile -c $(FLOOR_LOCK) -e ".[book]" $(FLOOR_TOOLS))
 	touch $@
 
