@@ -71,10 +71,32 @@ def check_ablation(result, seeds, steps):
         assert len(r["loss"]) == steps and 0.0 <= r["exact_match"] <= 1.0 and r["cer"] >= 0.0
 
 
+def chapter_8_characters() -> str:
+    """The characters of Chapter 8's tokenizer, as its stored output prints them (which nbval proves current)."""
+    nb = json.loads((ROOT / "chapters" / "08_training.ipynb").read_text(encoding="utf-8"))
+    for cell in nb["cells"]:
+        for output in cell.get("outputs", []):
+            for line in "".join(output.get("text", "")).splitlines():
+                if line.startswith("characters: "):
+                    return line.removeprefix("characters: ")
+    raise AssertionError("Chapter 8 no longer prints its tokenizer's characters")
+
+
 def test_ablation_runs(tmp_path):      # 20 of the 500 test numbers: an untrained model decodes slowly
-    result = run_script("ablation", tmp_path, "--seeds", "3", "--steps", "4", "--test-size", "20")
+    # the tokenizer from 2,000 of the chapter's 96,000 training numbers: writing them all out in words would be
+    # two thirds of this test's time (30 of 50 s), and these already hold every character the chapter's has
+    result = run_script("ablation", tmp_path, "--seeds", "3", "--steps", "4", "--test-size", "20",
+                        "--tokenizer-numbers", "2000")
     check_ablation(result, [3], 4)
     assert result["test_size"] == 20
+    assert result["characters"] == chapter_8_characters()
+
+
+@pytest.mark.parametrize("bad", ["0", "96001"])
+def test_ablation_refuses_a_tokenizer_draw_out_of_range(bad, capsys):
+    with pytest.raises(SystemExit) as stop:
+        load_script("ablation").main(["--tokenizer-numbers", bad])
+    assert stop.value.code == 2 and "--tokenizer-numbers must lie in 1..96,000" in capsys.readouterr().err
 
 
 def test_t5_tasks_runs(tmp_path):
@@ -97,6 +119,7 @@ def test_committed_results_match_the_scripts_defaults(name):
         check_t5(result, args["seeds"], args["steps"])
     elif name == "ablation":
         assert result["test_size"] == args["test_size"] == 500       # every held-out number scored
+        assert args["tokenizer_numbers"] == 96_000                    # the chapter's tokenizer, from all its numbers
         check_ablation(result, args["seeds"], args["steps"])
     else:
         check_vit(result, args["seeds"], args["steps"], args["shuffle_steps"])
