@@ -784,6 +784,7 @@ def test_cli_stops_when_the_loss_is_not_finite(tmp_path):
 
 
 @pytest.mark.processes
+@pytest.mark.in_chapter13
 def test_sigkilled_run_resumes_exactly(tmp_path):
     """A real process killed with SIGKILL right after its first checkpoint, resumed from that file: the same
     weights and losses as an uninterrupted run, bit for bit (float64, dropout 0.1, one thread everywhere)."""

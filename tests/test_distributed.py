@@ -306,6 +306,7 @@ def test_killed_run_resumes_exactly(tmp_path):
 
 
 @pytest.mark.processes
+@pytest.mark.in_chapter13
 def test_two_processes_equal_one(tmp_path):
     """torchrun with 2 gloo processes, each with half of the global batch of 8, ends with the weights of one
     process (float64, dropout 0): DDP's gradient average with token_mean_loss is the full batch's gradient."""
