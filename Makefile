@@ -87,8 +87,9 @@ sync-check: venv
 lint: venv
 	$(BIN)/ruff check transformer_lib tests tools benchmarks experiments _ext
 
+LIB_TESTS := $(BIN)/pytest tests -n $(JOBS) --ignore=tests/test_browser.py
 test-lib: venv
-	$(BIN)/pytest tests -n $(JOBS) --ignore=tests/test_browser.py
+	$(LIB_TESTS)
 
 # The quick loop for contributors: no registry, no training chapter, no book build (see CONTRIBUTING.md).
 test-fast: venv
@@ -209,7 +210,7 @@ test-browser: venv
 # make test's library tests leave out the two marked in_chapter13 (pyproject.toml): Chapter 13, which the nbval stage
 # runs, asserts the same claims (two processes end with one process's weights; a SIGKILLed run resumes bit for bit).
 test-lib-timed: venv
-	$(TIMED) "library tests" $(BIN)/pytest tests -n $(JOBS) --ignore=tests/test_browser.py -m "not in_chapter13"
+	$(TIMED) "library tests" $(LIB_TESTS) -m "not in_chapter13"
 book-and-browser: venv
 	$(TIMED) "book build (-W)" $(MAKE) --no-print-directory book-stored
 	$(TIMED) "browser check" $(MAKE) --no-print-directory test-browser
