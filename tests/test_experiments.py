@@ -83,7 +83,7 @@ def chapter_8_characters() -> str:
 
 
 def test_ablation_runs(tmp_path):      # 20 of the 500 test numbers: an untrained model decodes slowly
-    # the tokenizer from 2,000 of the chapter's 96,000 training numbers: writing them all out in words would be
+    # the tokenizer from 2,000 of the chapter's 64,000 training numbers: writing them all out in words would be
     # two thirds of this test's time (30 of 50 s), and these already hold every character the chapter's has
     result = run_script("ablation", tmp_path, "--seeds", "3", "--steps", "4", "--test-size", "20",
                         "--tokenizer-numbers", "2000")
@@ -96,7 +96,7 @@ def test_ablation_runs(tmp_path):      # 20 of the 500 test numbers: an untraine
 def test_ablation_refuses_a_tokenizer_draw_out_of_range(bad, capsys):
     with pytest.raises(SystemExit) as stop:
         load_script("ablation").main(["--tokenizer-numbers", bad])
-    assert stop.value.code == 2 and "--tokenizer-numbers must lie in 1..96,000" in capsys.readouterr().err
+    assert stop.value.code == 2 and "--tokenizer-numbers must lie in 1..64,000" in capsys.readouterr().err
 
 
 def test_t5_tasks_runs(tmp_path):
@@ -119,7 +119,7 @@ def test_committed_results_match_the_scripts_defaults(name):
         check_t5(result, args["seeds"], args["steps"])
     elif name == "ablation":
         assert result["test_size"] == args["test_size"] == 500       # every held-out number scored
-        assert args["tokenizer_numbers"] == 96_000                    # the chapter's tokenizer, from all its numbers
+        assert args["tokenizer_numbers"] == 64_000                    # the chapter's tokenizer, from all its numbers
         check_ablation(result, args["seeds"], args["steps"])
     else:
         check_vit(result, args["seeds"], args["steps"], args["shuffle_steps"])
