@@ -144,12 +144,11 @@ lock-floor:
 # (OMP_NUM_THREADS=1): a small model gains little from a second thread (Chapter 8's training step: 123 ms with two
 # threads, 138 ms with one), so two one-thread runs side by side finish sooner than the same chapters one after the
 # other with two threads each. (Two two-thread runs side by side would oversubscribe the two cores and each run many
-# times slower.) --dist loadfile without reordering hands out the files in this order, two to each worker at first
-# ({11, 12} and {8, 15}), then each of the rest to the worker that finishes a file first. In make test's stage
-# (seconds, 36df095, 2026-11-27; the table it prints): 11 445, 8 486, 12 361, 15 243, 13 125, 14 173, and 10 175 with
-# the portable kernels it had then (142 s instead of 185 s alone here with the default ones, 2026-11-27). Longest
-# first: no long chapter starts last. make test runs these and the other chapters in one stage (test-notebooks-ci
-# below: 1,078 s on 36df095, the two workers done at 1,072 s and 1,045 s).
+# times slower.) --dist loadfile without reordering hands out the files in this order (on d15e227 the first worker
+# ran 11, 15, 13, 10, the second 8, 12, 14, then the short chapters). In make test's stage (seconds, d15e227,
+# 2026-11-27; the table it prints): 11 458, 8 439, 12 398, 15 280, 13 104, 14 187, 10 145. Longest first: no long
+# chapter starts last. make test runs these and the other chapters in one stage (test-notebooks-ci below: 1,074 s
+# on d15e227, the two workers done at 1,064 s and 1,070 s).
 TRAINING_NBS   := chapters/11_decoder_only.ipynb chapters/08_training.ipynb chapters/12_t5_and_vit.ipynb \
                   chapters/15_applications.ipynb chapters/13_scaling.ipynb chapters/14_modern_decoder.ipynb \
                   chapters/10_encoder_only.ipynb
