@@ -13,7 +13,8 @@ Not part of `make test` (about 3 minutes per row).
 With --tokens N every variant instead reads the same N training tokens (N // (batch * context) steps) through
 Chapter 11's own training call, `fit` with the chapter's settings and seed: the rows then compare batch sizes at
 equal data, and a row's bits per byte is what the chapter's training cell prints for those steps and that batch
-(on this CPU; the seconds are this machine's, under whatever else it ran)."""
+(on this CPU; the seconds are this machine's, under whatever else it ran). The runs Chapter 11 quotes are in
+benchmarks/results/ (the JSON of --json, with the date and the conditions added)."""
 
 import argparse
 import json
