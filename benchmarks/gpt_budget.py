@@ -72,12 +72,18 @@ def run_tokens(name, tokens, train, heldout, heldout_bytes):
     seed_everything(0)
     model = GPT(GPTConfig(V, context, d, layers, heads, 4 * d, dropout=0.0))
     history = fit(model, lm_loss, random_windows(train_ids, context, batch_size=batch), steps=steps, lr=lr,
-                  warmup_steps=steps // 20, weight_decay=0.1, betas=(0.9, 0.95), clip_norm=1.0, progress=False)
+                  warmup_steps=max(1, steps // 20), weight_decay=0.1, betas=(0.9, 0.95), clip_norm=1.0,
+                  progress=False)
+    return score_row(name, model, steps, V, train_ids, heldout_ids, heldout_bytes) | {"seconds": round(history["seconds"])}
+
+
+def score_row(name, model, steps, V, train_ids, heldout_ids, heldout_bytes) -> dict:
+    """A trained variant's row: its held-out bits per byte and the trigram's on the same tokens."""
+    context = model.config.max_len
     bpb = sequence_nll(model, heldout_ids, context) / math.log(2) / heldout_bytes
     trigram = TrigramLM(train_ids, V).nll(heldout_ids) / math.log(2) / heldout_bytes
     return {"variant": name, "params": sum(p.numel() for p in model.parameters()), "steps": steps,
-            "seconds": round(history["seconds"]), "bits_per_byte": round(bpb, 3),
-            "trigram_bits_per_byte": round(trigram, 3)}
+            "bits_per_byte": round(bpb, 3), "trigram_bits_per_byte": round(trigram, 3)}
 
 
 def run(name, budget, train, heldout, heldout_bytes):
@@ -99,10 +105,7 @@ def run(name, budget, train, heldout, heldout_bytes):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         steps += 1
-    bpb = sequence_nll(model, heldout_ids, context) / math.log(2) / heldout_bytes
-    trigram = TrigramLM(train_ids, V).nll(heldout_ids) / math.log(2) / heldout_bytes
-    return {"variant": name, "params": sum(p.numel() for p in model.parameters()), "steps": steps,
-            "bits_per_byte": round(bpb, 3), "trigram_bits_per_byte": round(trigram, 3)}
+    return score_row(name, model, steps, V, train_ids, heldout_ids, heldout_bytes)
 
 
 def main():
