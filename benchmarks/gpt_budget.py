@@ -64,13 +64,9 @@ def run_tokens(name, tokens, train, heldout, heldout_bytes):
     """One variant for a fixed number of training tokens, trained exactly as Chapter 11's training cell trains."""
     from transformer_lib.classifier import fit
     from transformer_lib.gpt import lm_loss
-    from transformer_lib.utils import seed_everything
 
-    vocab, d, layers, heads, context, batch, lr = VARIANTS[name]
-    V, train_ids, heldout_ids = tokenize(vocab, train, heldout)
+    V, train_ids, heldout_ids, model, (context, batch, lr) = build(name, train, heldout)
     steps = tokens // (batch * context)
-    seed_everything(0)
-    model = GPT(GPTConfig(V, context, d, layers, heads, 4 * d, dropout=0.0))
     history = fit(model, lm_loss, random_windows(train_ids, context, batch_size=batch), steps=steps, lr=lr,
                   warmup_steps=max(1, steps // 20), weight_decay=0.1, betas=(0.9, 0.95), clip_norm=1.0,
                   progress=False)
@@ -86,11 +82,17 @@ def score_row(name, model, steps, V, train_ids, heldout_ids, heldout_bytes) -> d
             "bits_per_byte": round(bpb, 3), "trigram_bits_per_byte": round(trigram, 3)}
 
 
-def run(name, budget, train, heldout, heldout_bytes):
+def build(name, train, heldout):
+    """A variant's tokens and its freshly initialised model (seed 0, as Chapter 11's training cell seeds it)."""
     vocab, d, layers, heads, context, batch, lr = VARIANTS[name]
     V, train_ids, heldout_ids = tokenize(vocab, train, heldout)
     torch.manual_seed(0)
     model = GPT(GPTConfig(V, context, d, layers, heads, 4 * d, dropout=0.0))
+    return V, train_ids, heldout_ids, model, (context, batch, lr)
+
+
+def run(name, budget, train, heldout, heldout_bytes):
+    V, train_ids, heldout_ids, model, (context, batch, lr) = build(name, train, heldout)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
     batches, steps, start = random_windows(train_ids, context, batch), 0, time.perf_counter()
     model.train()
