@@ -44,7 +44,7 @@ help:
 	@echo "make test   sync check, lint, library tests, nbval on every chapter, strict book build, browser check"
 	@echo "make export re-export transformer_lib/ from the chapters' #| export cells"
 	@echo "make bench  the book's performance as ratios measured in one run (prints a table, writes _build/bench.json)"
-	@echo "make experiments  the several-seed experiments the chapters print (about 25 minutes; writes transformer_lib/results/)"
+	@echo "make experiments  the several-seed experiments the chapters print (about half an hour; writes transformer_lib/results/)"
 	@echo "make test-fast  sync check, lint, library tests (no registry), nbval of the chapters that do not train"
 	@echo "make test-floor library tests in .venv-floor, on the oldest versions pyproject.toml declares"
 	@echo "make lock   re-resolve requirements.txt and the dev tools into constraints.txt, in a fresh virtualenv"
@@ -235,14 +235,15 @@ test-gpu: venv
 bench: venv
 	$(BIN)/python benchmarks/bench.py --json _build/bench.json
 
-# Not part of `make test`: the experiments that run several seeds, too long for CI (about 25 minutes: t5_tasks then
-# ablation beside vit_seeds, one CPU thread each). Each writes a JSON into transformer_lib/results/, which a chapter
-# prints and asserts on.
+# Not part of `make test`: the experiments that run several seeds, too long for CI (about half an hour: t5_tasks,
+# ablation and qa_seeds one after the other beside vit_seeds, one CPU thread each). Each writes a JSON into
+# transformer_lib/results/, which a chapter prints and asserts on.
 # Commit the JSON files with the chapter re-executed (see CONTRIBUTING.md, "Experiments over several seeds").
 RESULTS := transformer_lib/results
 experiments: venv
 	(OMP_NUM_THREADS=1 $(BIN)/python experiments/t5_tasks.py --json $(RESULTS)/t5_tasks.json && \
-	    OMP_NUM_THREADS=1 $(BIN)/python experiments/ablation.py --json $(RESULTS)/ablation.json) & \
+	    OMP_NUM_THREADS=1 $(BIN)/python experiments/ablation.py --json $(RESULTS)/ablation.json && \
+	    OMP_NUM_THREADS=1 $(BIN)/python experiments/qa_seeds.py --json $(RESULTS)/qa_seeds.json) & \
 	    OMP_NUM_THREADS=1 $(BIN)/python experiments/vit_seeds.py --json $(RESULTS)/vit_seeds.json; \
 	    status=$$?; wait $$! && exit $$status
 
