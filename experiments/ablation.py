@@ -14,10 +14,9 @@ CPU thread for three seeds (`make experiments` runs it)."""
 
 import time
 
-import torch
 from record import log, seeds_parser, write_results  # experiments/record.py, beside this script
 
-from transformer_lib.data import CharTokenizer, number_pairs, split_numbers
+from transformer_lib.data import CharTokenizer, number_pairs, split_numbers, training_numbers
 from transformer_lib.decoding import evaluate_translations, translate
 from transformer_lib.model import TransformerConfig
 from transformer_lib.training import train_translator
@@ -31,8 +30,8 @@ def chapter_tokenizer(numbers=STEPS * BATCH):
     """Chapter 8's CharTokenizer: built from the English and German text of the main run's training numbers (the
     first `numbers` of them; all 64,000 by default, as the chapter does)."""
     pool, _, _ = split_numbers(1_000_000, 500, 2_000, seed=0)
-    draw = torch.randperm(len(pool), generator=torch.Generator().manual_seed(1))[:numbers]
-    return CharTokenizer.from_texts([text for pair in number_pairs([pool[i] for i in draw.tolist()]) for text in pair])
+    drawn = training_numbers(pool, STEPS * BATCH, seed=1)[:numbers]
+    return CharTokenizer.from_texts([text for pair in number_pairs(drawn) for text in pair])
 
 
 def ablation(tokenizer, steps, seed, test_size=500, **options) -> dict:

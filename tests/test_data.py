@@ -16,6 +16,7 @@ from transformer_lib.data import (
     collate,
     number_pairs,
     split_numbers,
+    training_numbers,
 )
 
 CHARS = "abcdefghijklmnopqrstuvwxyz ,-äöüß"
@@ -126,6 +127,27 @@ def test_number_pairs_unknown_language(kwargs, name):
     with pytest.raises(ValueError, match=rf"^{name} must be a language code num2words supports, e.g. .*'de'") as err:
         number_pairs([3], **kwargs)
     assert "'en'" in str(err.value) and "got" in str(err.value)
+
+
+def test_training_numbers_takes_half_of_the_short_numbers_and_draws_the_rest():
+    pool, _, _ = split_numbers(20_000, 100, 200, seed=0)
+    short = [n for n in pool if n < 1000]
+    drawn = training_numbers(pool, 3000, seed=1)
+    assert len(drawn) == len(set(drawn)) == 3000 and set(drawn) <= set(pool)
+    assert sum(n < 1000 for n in drawn) == len(short) // 2            # exactly half of the short ones ...
+    assert 0 < sum(n < 1000 for n in drawn[:1000]) < len(short) // 2   # ... spread through the order, not first
+    assert training_numbers(pool, 3000, seed=1) == drawn                # deterministic
+    assert training_numbers(pool, 3000, seed=2) != drawn                # seeded
+    long_part = [n for n in drawn if n >= 1000]                         # uniform over 1,000..19,999: about 53 %
+    assert 0.45 < sum(n >= 10_000 for n in long_part) / len(long_part) < 0.6   # have five digits
+    tiny = [5, 7, 2000, 3000]                                           # short: 5 and 7 (below 10); one is drawn
+    assert sorted(training_numbers(tiny, 3, short_below=10)) in ([5, 2000, 3000], [7, 2000, 3000])
+    with pytest.raises(ValueError, match=r"^n must lie in \[1, 3\]"):
+        training_numbers(tiny, 4, short_below=10)                       # the unseen half is never drawn
+    for bad, name in (((5, 3), "pool"), (("abc", 3), "pool"), (([1, 2.5], 1), "pool"), (([1, True], 1), "pool"),
+                      (([1, 2], 0), "n"), (([1, 2], 1, -1), "seed"), (([1, 2], 1, 1, 0), "short_below")):
+        with pytest.raises(ValueError, match=f"^{name} must"):
+            training_numbers(*bad)
 
 
 def test_split_numbers():
