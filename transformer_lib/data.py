@@ -68,8 +68,8 @@ def training_numbers(pool, n: int, seed: int = 1, short_below: int = 1000) -> li
     if n < len(half) or n - len(half) > len(long_):
         raise ValueError(f"n must lie in [{len(half)}, {len(half) + len(long_)}] for this pool (half of its "
                          f"{len(short)} numbers below short_below={short_below}, then its others), got {n}")
-    rest = [long_[i] for i in torch.randperm(len(long_), generator=gen)[:n - len(half)].tolist()]
-    return [(half + rest)[i] for i in torch.randperm(n, generator=gen).tolist()]
+    drawn = half + [long_[i] for i in torch.randperm(len(long_), generator=gen)[:n - len(half)].tolist()]
+    return [drawn[i] for i in torch.randperm(n, generator=gen).tolist()]
 
 # %% ../chapters/08_training.ipynb #c013
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
