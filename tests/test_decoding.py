@@ -308,6 +308,65 @@ def test_beam_batched_equals_one_by_one():
     assert torch.allclose(scores, sequence_scores(model, src, mask, tokens, **IDS), atol=1e-12)
 
 
+def plain_beam_search(model, src, beam_size, alpha, max_len):
+    """The reference: one source, no cache, no early stop. Extend every open hypothesis by every token, keep the
+    best beam_size of them (fewer as hypotheses finish), finish those ending in EOS (or at max_len), and return
+    the finished one with the best log P / lp, after every slot has finished."""
+    open_, slots, best = [([], 0.0)], beam_size, ([], -math.inf)
+    for t in range(1, max_len + 1):
+        candidates = []
+        for tokens, logp in open_:
+            tgt = torch.tensor([[BOS, *tokens]])
+            with torch.no_grad():
+                step = torch.log_softmax(model(src, tgt, padding_mask(src, PAD))[0, -1].double(), -1)
+            candidates += [(logp + float(step[v]), tokens + [v]) for v in range(step.numel())]
+        candidates.sort(key=lambda c: -c[0])
+        open_ = []
+        for logp, tokens in candidates[:slots]:
+            if tokens[-1] == EOS or t == max_len:
+                slots -= 1
+                if logp / length_penalty(t, alpha) > best[1]:
+                    best = (tokens, logp / length_penalty(t, alpha))
+            else:
+                open_.append((tokens, logp))
+        if not open_:
+            break
+    return best
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+def test_beam_search_equals_a_plain_beam_search_without_early_stopping(alpha):
+    model = random_model(seed=4, peaky=1.0)
+    src, mask = random_source(B=4, seed=4)
+    for k in (2, 3):
+        tokens, scores = beam_search(model, src, mask, **IDS, beam_size=k, alpha=alpha, max_new_tokens=10)
+        for b in range(4):
+            real = src[b:b + 1, :int(mask[b].sum())]                  # the source without its padding
+            ref_tokens, ref_score = plain_beam_search(model, real, k, alpha, max_len=10)
+            assert tokens[b, :len(ref_tokens)].tolist() == ref_tokens, (k, b)
+            assert float(scores[b]) == pytest.approx(ref_score, abs=1e-10)
+
+
+def test_beam_search_stops_once_no_open_hypothesis_can_win(monkeypatch):
+    # a model sure of EOS at the first step (log P ~ 0) and of nothing else: the other open hypotheses cannot
+    # catch up, so the search ends after one step instead of running on until they finish too
+    model = random_model(seed=5)
+    with torch.no_grad():
+        model.decoder.norm.weight.zero_()
+        model.decoder.norm.bias.fill_(1.0)
+        model.generator.weight.zero_()
+        model.generator.weight[EOS] = 30.0
+    src, mask = random_source(B=3, seed=5)
+    steps = []
+    step = KVCache.step
+    monkeypatch.setattr(KVCache, "step", lambda self, *a, **kw: steps.append(1) or step(self, *a, **kw))
+    for alpha in (0.0, 0.6):
+        steps.clear()
+        tokens, scores = beam_search(model, src, mask, **IDS, beam_size=4, alpha=alpha, max_new_tokens=20)
+        assert tokens.tolist() == [[EOS]] * 3 and len(steps) == 1, (alpha, len(steps))
+        assert plain_beam_search(model, src[:1], 4, alpha, max_len=20)[0] == [EOS]
+
+
 def test_beam_never_scores_below_its_own_greedy_hypothesis_for_wide_beams():
     model = random_model(seed=8)
     src, mask = random_source(B=4, seed=8)

@@ -191,7 +191,7 @@ def beam_search(model, src, src_mask=None, *, bos_id: int, eos_id: int, pad_id: 
     the beam_size best (highest log-probability) extensions. One that ends in EOS is finished and leaves the
     beam, which shrinks by one, so beam_size=1 is greedy decoding. Finished hypotheses are ranked by
     log P(Y | X) / lp(|Y|), |Y| counting the EOS; after max_new_tokens tokens the open ones are finished as
-    they are.
+    they are. A source stops early once no open hypothesis can beat its best finished one (an exact bound).
 
     Returns (tokens (B, L): the best hypothesis of each source, without BOS, padded with pad_id;
              scores (B,) float64: its log P(Y | X) / lp(|Y|, alpha), as in greedy_decode and sequence_scores)."""
@@ -234,6 +234,11 @@ def beam_search(model, src, src_mask=None, *, bos_id: int, eos_id: int, pad_id: 
             best_len = torch.where(better, t, best_len)
             open_slots = open_slots - ended.sum(dim=1)
             scores = top.masked_fill(~kept | ended, -math.inf)
+            # A source is done when none of its open hypotheses can still beat its best finished one: more
+            # tokens only lower log P (<= 0), and lp grows to at most lp(max_len), so an open hypothesis can
+            # reach at most log P(prefix) / lp(max_len). Exact: the result is what running on would give.
+            reachable = scores.max(dim=1).values / length_penalty(max_len, alpha)          # (B,)
+            scores = scores.masked_fill((reachable <= best_score)[:, None], -math.inf)
             if scores.isinf().all():                           # nothing open anywhere: the one read per step
                 break
             cache.reorder(rows)
