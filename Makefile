@@ -36,7 +36,7 @@ export PYTHONPYCACHEPREFIX := $(CURDIR)/_build/pycache
 unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: help venv lock lock-floor lock-check export sync-check lint test-lib test-notebooks test-notebooks-training \
-        test-notebooks-other-cpu test-notebooks-ci \
+        test-notebooks-other-cpu test-notebooks-ci test-notebooks-training-other-cpu \
         book book-stored test-browser test-lib-timed book-and-browser test test-fast test-floor test-gpu bench experiments clean
 
 help:
@@ -172,6 +172,16 @@ OTHER_CPU      := ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 ONE
 OTHER_CPU_NBS  := $(filter-out $(TRAINING_NBS),$(wildcard chapters/*.ipynb))
 test-notebooks-other-cpu: venv
 	$(OTHER_CPU) $(BIN)/pytest $(NBVAL) $(OTHER_CPU_NBS) -n $(JOBS) --dist loadfile -q
+
+# Not part of `make test`: the chapters that train, on another kernel path, to catch an output or a live check that
+# holds on one CPU only (float32 training ends in slightly different weights on each CPU). On 2026-11-27 a second
+# machine of CI's kind failed Chapters 12, 14 and 15 that way (see experiments/README.md); with AVX2 kernels on an
+# AVX-512 machine every training chapter passed afterwards (564 s, two workers). On a CPU without AVX-512, AVX2 is
+# the default path: set TRAINING_OTHER_CPU=ATEN_CPU_CAPABILITY=default there (slower; not measured).
+TRAINING_OTHER_CPU ?= ATEN_CPU_CAPABILITY=avx2
+test-notebooks-training-other-cpu: venv
+	$(TRAINING_OTHER_CPU) OMP_NUM_THREADS=1 $(BIN)/pytest $(NBVAL) $(TRAINING_NBS) -n $(JOBS) --dist loadfile \
+	    --no-loadscope-reorder -q
 
 # make test's nbval stage: the two runs above in ONE pytest-xdist run, so that neither worker idles while the
 # other finishes a long chapter at the end of a stage (two stages cost 1,097 + 165 s on 7c2e467). Every kernel has
