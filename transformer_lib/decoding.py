@@ -214,6 +214,7 @@ def beam_search(model, src, src_mask=None, *, bos_id: int, eos_id: int, pad_id: 
     best_score = torch.full((B,), -math.inf, dtype=torch.float64, device=device)
     best_len = torch.zeros(B, dtype=torch.long, device=device)
     row0 = torch.arange(B, device=device)[:, None] * k                       # (B, 1) first row of each source
+    longest = length_penalty(max_len, alpha)            # the largest lp a hypothesis can still reach
     with checked():                      # all checked above: no checks inside the loop
         for t in range(1, max_len + 1):
             logp = F.log_softmax(cache.step(last).double(), dim=-1)              # (B*k, V)
@@ -237,7 +238,7 @@ def beam_search(model, src, src_mask=None, *, bos_id: int, eos_id: int, pad_id: 
             # A source is done when none of its open hypotheses can still beat its best finished one: more
             # tokens only lower log P (<= 0), and lp grows to at most lp(max_len), so an open hypothesis can
             # reach at most log P(prefix) / lp(max_len). Exact: the result is what running on would give.
-            reachable = scores.max(dim=1).values / length_penalty(max_len, alpha)          # (B,)
+            reachable = scores.max(dim=1).values / longest                                 # (B,)
             scores = scores.masked_fill((reachable <= best_score)[:, None], -math.inf)
             if scores.isinf().all():                           # nothing open anywhere: the one read per step
                 break
