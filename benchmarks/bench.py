@@ -71,11 +71,12 @@ LAST_CPU_TIMES = {}   # CPU seconds of the last paired_times call: less disturbe
 
 # ----- prototypes: what nn.Transformer does that our modules do not (patched onto copies, never the library) -----
 def fused_qkv_forward(self, query, key, value, mask=None, need_weights=False, cache=None, attn_bias=None,
-                      is_causal=False):
+                      is_causal=False, position_ids=None):
     """Self-attention with one (3 d_model x d_model) product for Q, K and V, as nn.MultiheadAttention's in_proj."""
     if (not (query is key is value) or need_weights or cache is not None or attn_bias is not None
-            or (is_causal and mask is not None)):
-        return MultiHeadAttention.forward(self, query, key, value, mask, need_weights, cache, attn_bias, is_causal)
+            or (is_causal and mask is not None) or self.rotary is not None):
+        return MultiHeadAttention.forward(self, query, key, value, mask, need_weights, cache, attn_bias, is_causal,
+                                          position_ids)
     if checks_due():
         self._check_inputs(query, key, value, mask, need_weights, cache)
     weight = torch.cat([self.W_q.weight, self.W_k.weight, self.W_v.weight])      # (3 d_model, d_model)

@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from transformer_lib.attention import padding_mask
 from transformer_lib.bert import BertConfig, BertForMaskedLM, BertModel
-from transformer_lib.classifier import SequenceClassifier, predict
+from transformer_lib.classifier import ClassifierConfig, SequenceClassifier, predict
 from transformer_lib.decoding import beam_search, greedy_decode
 from transformer_lib.encoder import Encoder
 from transformer_lib.gpt import GPT, GPTConfig, sequence_nll
@@ -92,7 +92,7 @@ def vit():
 
 
 def classifier():
-    m = SequenceClassifier(V, 3, d_model=16, num_heads=2, d_ff=32, dropout=0.0).eval()
+    m = SequenceClassifier(ClassifierConfig(V, 3, d_model=16, num_heads=2, d_ff=32, dropout=0.0)).eval()
     x = ids(2, 9, seed=8, low=2)
     return lambda: m(x)
 
@@ -183,7 +183,7 @@ def _dropout_models():
     gpt_model = GPT(GPTConfig(vocab_size=V, max_len=32, d_model=16, num_layers=1, num_heads=2, d_ff=32, dropout=0.3))
     t5_model = T5(T5Config(vocab_size=V, d_model=16, num_heads=2, d_ff=32, num_layers=1, num_decoder_layers=1,
                            dropout=0.3))
-    clf_model = SequenceClassifier(V, 3, d_model=16, num_heads=2, d_ff=32, dropout=0.3)
+    clf_model = SequenceClassifier(ClassifierConfig(V, 3, d_model=16, num_heads=2, d_ff=32, dropout=0.3))
     return transformer, gpt_model, t5_model, clf_model
 
 

@@ -65,7 +65,7 @@ def gpt(dt=torch.float64, seed=0, dropout=0.1):
 
 def classifier(dt=torch.float64, **kw):
     torch.manual_seed(0)
-    return clf.SequenceClassifier(V, C, **{"d_model": D, "num_heads": H, "d_ff": FF, "num_layers": 1, **kw}).to(dt).eval()
+    return clf.SequenceClassifier(clf.ClassifierConfig(V, C, **{"d_model": D, "num_heads": H, "d_ff": FF, "num_layers": 1, **kw})).to(dt).eval()
 
 
 @functools.cache
@@ -383,9 +383,9 @@ PLAIN_CASES = [
     ("mask_tokens/vocab_size-str", lambda: brt.mask_tokens(ids(2, 3), 2, "11"), err("vocab_size", INT)),
     ("mask_tokens/ok-special-never-chosen", special_ids_ok, OK),
     # --- [CLS] cannot be padding
-    ("SequenceClassifier/cls_id==pad_id", lambda: clf.SequenceClassifier(V, C, d_model=D, num_heads=H, d_ff=FF, cls_id=0, pad_id=0), err("cls_id", "pad_id")),
-    ("SequenceClassifier/cls_id==pad_id=3", lambda: clf.SequenceClassifier(V, C, d_model=D, num_heads=H, d_ff=FF, cls_id=3, pad_id=3), err("cls_id", "padding")),
-    ("SequenceClassifier/ok-cls_id==pad_id-mean", lambda: clf.SequenceClassifier(V, C, d_model=D, num_heads=H, d_ff=FF, pooling="mean", cls_id=0, pad_id=0), OK),
+    ("SequenceClassifier/cls_id==pad_id", lambda: clf.SequenceClassifier(clf.ClassifierConfig(V, C, d_model=D, num_heads=H, d_ff=FF, cls_id=0, pad_id=0)), err("cls_id", "pad_id")),
+    ("SequenceClassifier/cls_id==pad_id=3", lambda: clf.SequenceClassifier(clf.ClassifierConfig(V, C, d_model=D, num_heads=H, d_ff=FF, cls_id=3, pad_id=3)), err("cls_id", "padding")),
+    ("SequenceClassifier/ok-cls_id==pad_id-mean", lambda: clf.SequenceClassifier(clf.ClassifierConfig(V, C, d_model=D, num_heads=H, d_ff=FF, pooling="mean", cls_id=0, pad_id=0)), OK),
     # --- TrigramLM
     ("TrigramLM/ids>=V", lambda: gpt_mod.TrigramLM(ids(20) + V, V), err("tokens", VOCAB)),
     ("TrigramLM/negative-ids", lambda: gpt_mod.TrigramLM(ids(20) - V, V), err("tokens", VOCAB)),

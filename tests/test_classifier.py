@@ -16,6 +16,7 @@ from transformer_lib.classifier import (
     PAD_ID,
     POOLINGS,
     VOCAB_SIZE,
+    ClassifierConfig,
     SequenceClassifier,
     classification_loss,
     fit,
@@ -190,8 +191,8 @@ def test_pool_value_errors():
 
 def classifier(pooling, positional=True, seed=0, dropout=0.0, num_classes=4):
     torch.manual_seed(seed)
-    model = SequenceClassifier(VOCAB_SIZE, num_classes, d_model=16, num_heads=2, d_ff=32, num_layers=2,
-                               pooling=pooling, positional=positional, dropout=dropout, max_len=32)
+    model = SequenceClassifier(ClassifierConfig(VOCAB_SIZE, num_classes, d_model=16, num_heads=2, d_ff=32, num_layers=2,
+                               pooling=pooling, positional=positional, dropout=dropout, max_len=32))
     return randomize(model.double(), seed, std=0.3).eval()
 
 
@@ -239,7 +240,7 @@ def test_classifier_without_positions_sees_a_bag_of_tokens(pooling):
 @pytest.mark.parametrize("pooling", POOLINGS)
 def test_classifier_gradients_reach_every_parameter(pooling):
     torch.manual_seed(6)
-    model = SequenceClassifier(VOCAB_SIZE, 3, d_model=16, num_heads=2, d_ff=32, num_layers=2, pooling=pooling)
+    model = SequenceClassifier(ClassifierConfig(VOCAB_SIZE, 3, d_model=16, num_heads=2, d_ff=32, num_layers=2, pooling=pooling))
     tokens, _ = padded_tokens(seed=7)
     F.cross_entropy(model(tokens), torch.tensor([0, 1, 2, 0, 1])).backward()
     params = dict(model.named_parameters())
@@ -291,7 +292,7 @@ def test_classifier_dropout_only_in_training():
 def test_classifier_constructor_value_errors(kwargs, name):
     args = dict(vocab_size=VOCAB_SIZE, num_classes=3, d_model=16, num_heads=2, d_ff=32) | kwargs
     with pytest.raises(ValueError, match=rf"\b{name}\b"):
-        SequenceClassifier(**args)
+        SequenceClassifier(ClassifierConfig(**args))
 
 
 def test_classifier_forward_value_errors():
@@ -355,8 +356,8 @@ def test_random_batches_value_errors():
 def test_fit_reduces_the_loss_and_predict():
     tokens, labels = make_sequences(50, seed=9)
     torch.manual_seed(0)
-    model = SequenceClassifier(VOCAB_SIZE, len(CLASSES), d_model=16, num_heads=2, d_ff=32, num_layers=1,
-                               pooling="mean")
+    model = SequenceClassifier(ClassifierConfig(VOCAB_SIZE, len(CLASSES), d_model=16, num_heads=2, d_ff=32, num_layers=1,
+                               pooling="mean"))
     history = fit(model, classification_loss, random_batches(tokens, labels, batch_size=32, seed=0), steps=60,
                   lr=5e-3, progress=False)
     assert set(history) == {"loss", "eval_step", "eval", "seconds", "stopped"} and history["seconds"] > 0
@@ -379,7 +380,7 @@ def test_fit_reduces_the_loss_and_predict():
 def test_fit_evaluates_every_eval_every_steps_and_clips():
     tokens, labels = make_sequences(20, seed=9)
     torch.manual_seed(0)
-    model = SequenceClassifier(VOCAB_SIZE, len(CLASSES), d_model=16, num_heads=2, d_ff=32, num_layers=1)
+    model = SequenceClassifier(ClassifierConfig(VOCAB_SIZE, len(CLASSES), d_model=16, num_heads=2, d_ff=32, num_layers=1))
     seen = []
 
     def evaluate(m):
@@ -397,7 +398,7 @@ def test_fit_clip_norm_bounds_the_gradient(monkeypatch):
     """The gradient the optimizer steps with has global norm <= clip_norm, even for a loss scaled by 1e6."""
     tokens, labels = make_sequences(20, seed=9)
     torch.manual_seed(0)
-    model = SequenceClassifier(VOCAB_SIZE, len(CLASSES), d_model=16, num_heads=2, d_ff=32, num_layers=1)
+    model = SequenceClassifier(ClassifierConfig(VOCAB_SIZE, len(CLASSES), d_model=16, num_heads=2, d_ff=32, num_layers=1))
     norms, step = [], torch.optim.AdamW.step
 
     def spy(self, *args, **kwargs):
@@ -411,7 +412,7 @@ def test_fit_clip_norm_bounds_the_gradient(monkeypatch):
 
 
 def test_fit_value_errors():
-    model = SequenceClassifier(VOCAB_SIZE, 2, d_model=16, num_heads=2, d_ff=32, num_layers=1)
+    model = SequenceClassifier(ClassifierConfig(VOCAB_SIZE, 2, d_model=16, num_heads=2, d_ff=32, num_layers=1))
     tokens, labels = make_sequences(1)
     batches = random_batches(tokens, labels % 2)
     with pytest.raises(ValueError, match=r"\bsteps\b"):

@@ -19,7 +19,7 @@ import torch
 
 from transformer_lib.attention import causal_mask, padding_mask
 from transformer_lib.bert import BertClassifier, BertConfig, BertForMaskedLM, BertModel
-from transformer_lib.classifier import SequenceClassifier
+from transformer_lib.classifier import ClassifierConfig, SequenceClassifier
 from transformer_lib.decoding import beam_search, greedy_decode, sequence_scores
 from transformer_lib.gpt import GPT, GPTConfig
 from transformer_lib.model import Transformer, TransformerConfig
@@ -158,7 +158,7 @@ def test_every_model_returns_one_tensor():
         "BertModel.pool": (lambda m: m.pool(m(x)), BertModel(bert_config()).to(DT).eval(), (2, 16)),
         "BertForMaskedLM": (lambda m: m(x), BertForMaskedLM(bert_config()).to(DT).eval(), (2, 6, V)),
         "BertClassifier": (lambda m: m(x), BertClassifier(bert_config(), 3).to(DT).eval(), (2, 3)),
-        "SequenceClassifier": (lambda m: m(x), SequenceClassifier(V, 3, d_model=16, num_heads=2, d_ff=32).to(DT).eval(),
+        "SequenceClassifier": (lambda m: m(x), SequenceClassifier(ClassifierConfig(V, 3, d_model=16, num_heads=2, d_ff=32)).to(DT).eval(),
                                (2, 3)),
         "ViT": (lambda m: m(images), ViT(ViTConfig(image_size=8, patch_size=4, d_model=16, num_layers=1, num_heads=2,
                                                    d_ff=32, num_classes=3)).to(DT).eval(), (2, 3)),

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from .bert import IGNORE_INDEX
+from .training import inference, model_device, train
 from .validation import check_int, describe
 
 # %% ../chapters/15_applications.ipynb #c006
@@ -125,15 +126,13 @@ def start_scores(model, tokens, segments):
     return scores.masked_fill(~story, float("-inf"))
 
 
-@torch.no_grad()
+@inference
 def predict_answers(model, stories, sentence_segments: bool = True) -> list:
-    """The word the span head points at (its best start) in each story (eval mode; the caller's mode restored)."""
-    was_training = model.training
-    model.eval()
+    """The word the span head points at (its best start) in each story (Chapter 8's inference rule: eval mode,
+    no gradients, the caller's mode restored)."""
     tokens, segments, _ = qa_batch(stories, sentence_segments)
-    device = next(model.parameters()).device
+    device = model_device(model)
     predicted = start_scores(model, tokens.to(device), segments.to(device)).argmax(-1).cpu()      # (B,)
-    model.train(was_training)
     return [VOCAB[i] for i in tokens.gather(1, predicted[:, None])[:, 0].tolist()]
 
 
@@ -148,10 +147,10 @@ def train_qa(model, steps: int = 3000, short_steps: int = 800, batch_size: int =
     """Train a BertForQuestionAnswering on fresh stories: the first short_steps on stories of 2-4 sentences (a
     curriculum), then 4-10; a share two_fact of "where is the <object> ?" questions; stories in `exclude` (a set
     of (sentences, question) as tuples) are never trained on. AdamW, lr constant then linear decay to 0 over the
-    last 20 % of steps. Returns the list of losses."""
+    last 20 % of steps, through Chapter 8's train() (the model is left in the mode it was given).
+    Returns the list of losses."""
     check_int("steps", steps, 2)
     rng = random.Random(check_int("seed", seed, 0))
-    device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     hold = int(0.8 * steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (steps - i) / (steps - hold)))
@@ -163,18 +162,15 @@ def train_qa(model, steps: int = 3000, short_steps: int = 800, batch_size: int =
             if (tuple(map(tuple, s[0])), tuple(s[1])) not in exclude:
                 return s
 
-    losses = []
-    model.train()
-    for step in range(steps):
-        tokens, segments, answers = (t.to(device) for t in qa_batch([story(step) for _ in range(batch_size)],
-                                                                     sentence_segments))
-        loss = F.cross_entropy(start_scores(model, tokens, segments), answers)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        losses.append(loss.item())
-    return losses
+    def batches():                   # one fresh batch of stories per step, made when train() asks for it
+        for step in range(steps):
+            yield qa_batch([story(step) for _ in range(batch_size)], sentence_segments)
+
+    def loss_fn(model, batch):       # cross-entropy of the start scores against the answer's position
+        tokens, segments, answers = batch
+        return F.cross_entropy(start_scores(model, tokens, segments), answers)
+
+    return train(model, loss_fn, batches(), optimizer, scheduler, steps, progress=False)["loss"]
 
 # %% ../chapters/15_applications.ipynb #c023
 SUMMARY_VOCAB = VOCAB + ("in", "with", "and", ",")     # the story's words and the summary's four new ones

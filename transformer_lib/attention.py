@@ -93,9 +93,12 @@ def causal_mask(n_q: int, n_k: int | None = None, offset: int | None = None, dev
     offset to n_k - n_q: the queries are the last n_q of n_k positions, as in incremental decoding, where the
     first n_k - n_q positions are cached (Chapter 8). Give it the scores' rank where needed:
     causal_mask(n)[None] for (B, n, n), [None, None] for (B, h, n, n)."""
-    check_int("n_q", n_q, minimum=0)
-    n_k = n_q if n_k is None else check_int("n_k", n_k, minimum=0)
-    offset = n_k - n_q if offset is None else check_int("offset", offset, minimum=0)
+    if checks_due():                    # called directly (inside a model's layers the sizes are its own)
+        check_int("n_q", n_q, minimum=0)
+        n_k is None or check_int("n_k", n_k, minimum=0)
+        offset is None or check_int("offset", offset, minimum=0)
+    n_k = n_q if n_k is None else n_k
+    offset = n_k - n_q if offset is None else offset
     return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(offset)
 
 

@@ -2,9 +2,10 @@
 
 # %% auto #0
 __all__ = ['PAD_ID', 'CLS_ID', 'MASK_ID', 'NUM_LEVELS', 'VOCAB_SIZE', 'CLASSES', 'POOLINGS', 'make_sequences', 'pool',
-           'SequenceClassifier', 'random_batches', 'fit', 'classification_loss', 'predict']
+           'ClassifierConfig', 'SequenceClassifier', 'random_batches', 'fit', 'classification_loss', 'predict']
 
 # %% ../chapters/10_encoder_only.ipynb #c004
+import dataclasses
 import math
 
 import torch
@@ -105,33 +106,56 @@ def pool(hidden, keep, method: str = "mean"):
     raise ValueError(f"method must be one of {', '.join(map(repr, POOLINGS))}, got {method!r}")
 
 # %% ../chapters/10_encoder_only.ipynb #c015
-class SequenceClassifier(nn.Module):
-    """An encoder-only Transformer that maps a token sequence to class logits:
-    tokens -> embedding (+ positional encoding) -> Encoder -> pool -> Linear.
+@dataclasses.dataclass
+class ClassifierConfig:
+    """The sizes and options of a SequenceClassifier (what it is built from, and what its checkpoint saves).
 
     pooling: "cls" prepends a [CLS] token (cls_id, which must differ from pad_id) and reads its output;
     "mean" / "max" pool the real positions (a row without any, e.g. S = 0, pools to zeros).
-    positional: add the sinusoidal encoding of Chapter 3 (False: the model sees a bag of tokens).
+    positional: add the sinusoidal encoding of Chapter 3 (False: the model sees a bag of tokens)."""
+    vocab_size: int
+    num_classes: int
+    d_model: int = 32
+    num_heads: int = 4
+    d_ff: int = 64
+    num_layers: int = 2
+    pooling: str = "cls"
+    positional: bool = True
+    dropout: float = 0.1
+    max_len: int = 512
+    pad_id: int = PAD_ID
+    cls_id: int = CLS_ID
+
+    def __post_init__(self):
+        if self.pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(map(repr, POOLINGS))}, got {self.pooling!r}")
+        check_bool("positional", self.positional)
+        check_int("num_classes", self.num_classes, 2)
+        check_int("vocab_size", self.vocab_size)
+        check_int("pad_id", self.pad_id, 0)
+        if check_int("cls_id", self.cls_id, 0) >= self.vocab_size:
+            raise ValueError(f"cls_id must lie in [0, vocab_size) = [0, {self.vocab_size}), got {self.cls_id}")
+        if self.pooling == "cls" and self.cls_id == self.pad_id:
+            raise ValueError(f"cls_id must differ from pad_id (both {self.cls_id}): with pooling='cls' the [CLS] token "
+                             "would be padding, masked out as a key and embedded with the frozen padding vector")
+
+
+class SequenceClassifier(nn.Module):
+    """An encoder-only Transformer that maps a token sequence to class logits:
+    tokens -> embedding (+ positional encoding) -> Encoder -> pool -> Linear, built from a ClassifierConfig.
     Pre-norm layers with a final LayerNorm (Chapter 6's norm_first=True); padding (pad_id) is masked.
     forward: tokens (B, S) long -> logits (B, num_classes)."""
 
-    def __init__(self, vocab_size: int, num_classes: int, d_model: int = 32, num_heads: int = 4, d_ff: int = 64,
-                 num_layers: int = 2, pooling: str = "cls", positional: bool = True, dropout: float = 0.1,
-                 max_len: int = 512, pad_id: int = PAD_ID, cls_id: int = CLS_ID):
+    def __init__(self, config: ClassifierConfig):
         super().__init__()
-        if pooling not in POOLINGS:
-            raise ValueError(f"pooling must be one of {', '.join(map(repr, POOLINGS))}, got {pooling!r}")
-        self.pooling, self.positional = pooling, check_bool("positional", positional)
-        self.pad_id, self.cls_id = check_int("pad_id", pad_id, 0), check_int("cls_id", cls_id, 0)
-        self.embed = TokenEmbedding(vocab_size, d_model, padding_idx=pad_id)
-        if self.cls_id >= vocab_size:
-            raise ValueError(f"cls_id must lie in [0, vocab_size) = [0, {vocab_size}), got {cls_id}")
-        if pooling == "cls" and cls_id == pad_id:
-            raise ValueError(f"cls_id must differ from pad_id (both {cls_id}): with pooling='cls' the [CLS] token "
-                             "would be padding, masked out as a key and embedded with the frozen padding vector")
-        self.position = PositionalEncoding(d_model, dropout, max_len + 1)       # + 1: room for [CLS]
-        self.encoder = Encoder(num_layers, d_model, num_heads, d_ff, dropout, norm_first=True)
-        self.head = nn.Linear(d_model, check_int("num_classes", num_classes, 2))
+        if not isinstance(config, ClassifierConfig):
+            raise ValueError(f"config must be a ClassifierConfig, got {describe(config)}")
+        self.config = c = config
+        self.pooling, self.positional, self.pad_id, self.cls_id = c.pooling, c.positional, c.pad_id, c.cls_id
+        self.embed = TokenEmbedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
+        self.position = PositionalEncoding(c.d_model, c.dropout, c.max_len + 1)   # + 1: room for [CLS]
+        self.encoder = Encoder(c.num_layers, c.d_model, c.num_heads, c.d_ff, c.dropout, norm_first=True)
+        self.head = nn.Linear(c.d_model, c.num_classes)
 
     def forward(self, tokens):
         check_tensor("tokens", tokens, dim=2, floating=False, shape_text="(B, length)")   # ids: by the lookup

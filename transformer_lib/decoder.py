@@ -10,8 +10,8 @@ from .encoder import to_torch_layer, to_torch_stack
 from .feed_forward import PositionwiseFeedForward
 from .multi_head import AttentionCache, MultiHeadAttention
 from .residual import LayerNorm, SublayerConnection
-from .validation import (check_attn_bias, check_bool, check_int, check_mask, check_same_dtype,
-                                        check_tensor, checked, checks_due, describe)
+from .validation import (check_attn_bias, check_bool, check_int, check_mask, check_position_ids,
+                                        check_same_dtype, check_tensor, checked, checks_due, describe)
 
 # %% ../chapters/07_decoder.ipynb #c007
 class DecoderLayer(nn.Module):
@@ -53,16 +53,17 @@ class DecoderLayer(nn.Module):
         cross-attention)."""
         return AttentionCache(), (AttentionCache(static=True) if self.cross_attn is not None else None)
 
-    def forward(self, x, memory=None, src_mask=None, tgt_mask=None, cache=None, attn_bias=None):
+    def forward(self, x, memory=None, src_mask=None, tgt_mask=None, cache=None, attn_bias=None, position_ids=None):
         if checks_due():              # called directly: check once, then run as a checked call (Chapter 1)
-            self.check_inputs(x, memory, src_mask, tgt_mask, cache, attn_bias)
+            self.check_inputs(x, memory, src_mask, tgt_mask, cache, attn_bias, position_ids)
             with checked():
-                return self.forward(x, memory, src_mask, tgt_mask, cache, attn_bias)
+                return self.forward(x, memory, src_mask, tgt_mask, cache, attn_bias, position_ids)
         self_cache, cross_cache = (None, None) if cache is None else cache
 
-        def self_attention(y):       # Q, K, V from the target; the future masked, always: causal_mask(T, t + T)
-            return self.self_attn(y, y, y, tgt_mask, cache=self_cache, attn_bias=attn_bias,   # tgt_mask can only
-                                  is_causal=True)[0]                                         # remove keys
+        def self_attention(y):       # Q, K, V from the target; the future masked, always: causal_mask(T, t + T);
+            # tgt_mask can only remove keys. position_ids: where each token sits, for rotary (Chapter 14)
+            return self.self_attn(y, y, y, tgt_mask, cache=self_cache, attn_bias=attn_bias, is_causal=True,
+                                  position_ids=position_ids)[0]
 
         def cross_attention(y):                                   # Q from the target; K, V from the source
             return self.cross_attn(y, memory, memory, src_mask, cache=cross_cache)[0]
@@ -72,7 +73,8 @@ class DecoderLayer(nn.Module):
         x = self.sublayer2(x, cross_attention)                    # (B, T, d_model)
         return self.sublayer3(x, self.feed_forward)               # (B, T, d_model)
 
-    def check_inputs(self, x, memory=None, src_mask=None, tgt_mask=None, cache=None, attn_bias=None) -> None:
+    def check_inputs(self, x, memory=None, src_mask=None, tgt_mask=None, cache=None, attn_bias=None,
+                     position_ids=None) -> None:
         """The checks of forward (the stacks and models that call this layer run them once, at their door)."""
         d, h = self.d_model, self.self_attn.num_heads
         check_tensor("x", x, dim=3, last=d, floating=True, shape_text=f"(B, T, d_model={d})")
@@ -103,6 +105,10 @@ class DecoderLayer(nn.Module):
             check_mask("tgt_mask", tgt_mask, (B, h, T, t + T), "(B, h, T, t + T)" if t else "(B, h, T, T)")
         if attn_bias is not None:
             check_attn_bias("attn_bias", attn_bias, (B, h, T, t + T), x.dtype)
+        if position_ids is not None:
+            if self.self_attn.rotary is None:
+                raise ValueError("position_ids must be None: this layer's attention has no rotary embedding")
+            check_position_ids("position_ids", position_ids, B, T)
 
 # %% ../chapters/07_decoder.ipynb #c013
 def decoder_layer_to_torch(layer: DecoderLayer) -> nn.TransformerDecoderLayer:

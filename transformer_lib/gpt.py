@@ -21,8 +21,8 @@ from .decoder import DecoderLayer
 from .hf import HFTensor, from_pretrained, hf_state_dict, load_by_names, save_by_names
 from .residual import LayerNorm
 from .training import inference
-from .validation import (check_float, check_int, check_mask, check_probability, check_tensor,
-                                        check_token_ids, checked, describe, lookup)
+from .validation import (check_float, check_int, check_mask, check_position_ids, check_probability,
+                                        check_tensor, check_token_ids, checked, checks_due, describe, lookup)
 
 # %% ../chapters/11_decoder_only.ipynb #c007
 # Python's own standard library, split by file: the model never sees a held-out module.
@@ -98,10 +98,13 @@ def gpt_block(config: GPTConfig) -> DecoderLayer:
                         activation="gelu_tanh", eps=config.eps, cross_attention=False)
 
 # %% ../chapters/11_decoder_only.ipynb #c017
-def decoder_door(model, tokens, mask=None, cache=None) -> tuple:
+def decoder_door(model, tokens, mask=None, cache=None, position_ids=None) -> tuple:
     """The checks at the door of a decoder-only model (GPT; Chapter 14's Llama): tokens (B, T) integer ids,
-    cache None or model.new_cache(), the t cached + T new positions within model.config.max_len, and mask None or
-    bool (B|1, h|1, T|1, t + T). -> (t, B, T). (Token ids are checked by the embedding lookup.)"""
+    cache None or model.new_cache(), the t cached + T new positions within model.config.max_len, mask None or
+    bool (B|1, h|1, T|1, t + T), position_ids None or integer (B|1, T). -> (t, B, T). (Token ids are checked by the
+    embedding lookup.) Inside an already checked call (generate's loop) only t, B and T are computed."""
+    if not checks_due():
+        return 0 if cache is None else len(cache[0][0]), *tokens.shape
     check_tensor("tokens", tokens, dim=2, floating=False, shape_text="(B, length)")
     if cache is not None and (not isinstance(cache, list) or len(cache) != len(model.blocks)
                               or not all(isinstance(c, tuple) and len(c) == 2 for c in cache)):
@@ -112,6 +115,8 @@ def decoder_door(model, tokens, mask=None, cache=None) -> tuple:
                          f"tokens has T={T} positions after {t} cached ones")
     if mask is not None:
         check_mask("mask", mask, (B, model.config.num_heads, T, t + T), "(B, h, T, t + T)")
+    if position_ids is not None:
+        check_position_ids("position_ids", position_ids, B, T)
     return t, B, T
 
 
@@ -151,14 +156,10 @@ class GPT(nn.Module):
         return [block.new_cache() for block in self.blocks]
 
     def forward(self, tokens, mask=None, cache=None, position_ids=None):
-        t, B, T = decoder_door(self, tokens, mask, cache)
+        t, B, T = decoder_door(self, tokens, mask, cache, position_ids)
         if position_ids is None:
             positions = torch.arange(t, t + T, device=tokens.device)                  # (T,)
         else:
-            if (not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2 or position_ids.size(0) not in (1, B)
-                    or position_ids.size(1) != T or position_ids.is_floating_point() or position_ids.dtype == torch.bool):
-                raise ValueError(f"position_ids must be an integer tensor of shape (B|1, T) = ({B}|1, {T}), got "
-                                 f"{describe(position_ids)}")
             positions = position_ids.to(tokens.device)                                # (B|1, T)
         try:                                  # the ranges are checked by the lookups, without a device read
             x = lookup(self.token, tokens, "tokens") + self.position(positions)      # (B, T, d_model)
@@ -170,7 +171,8 @@ class GPT(nn.Module):
         with checked():                                                           # the blocks check nothing
             for i, block in enumerate(self.blocks):
                 x = block(x, tgt_mask=mask, cache=None if cache is None else cache[i])
-        return self.norm(x) @ self.token.weight.T                                 # (B, T, V): tied output
+            x = self.norm(x)
+        return x @ self.token.weight.T                                            # (B, T, V): tied output
 
 # %% ../chapters/11_decoder_only.ipynb #c020
 def gpt2_hf_names(model: GPT) -> dict:

@@ -15,8 +15,9 @@ from .decoder import DecoderLayer
 from .gpt import decoder_door
 from .hf import hf_state_dict, load_by_names, save_by_names
 from .t5 import RMSNorm
-from .validation import (check_bool, check_float, check_int, check_mask, check_probability, check_same_dtype,
-                                        check_tensor, checked, checks_due, describe, lookup)
+from .validation import (check_bool, check_float, check_int, check_mask, check_position_ids,
+                                        check_probability, check_same_dtype, check_tensor, checked, checks_due,
+                                        describe, lookup)
 
 # %% ../chapters/14_modern_decoder.ipynb #c008
 class RotaryEmbedding(nn.Module):
@@ -25,7 +26,8 @@ class RotaryEmbedding(nn.Module):
     θ_i = base^(-2i/d_k), i = 0 .. d_k/2 - 1. (Hugging Face's pairing; the paper pairs neighbouring features, which
     is the same model with the columns of W_q and W_k reordered.) The angles are computed in float32 whatever the
     dtype of x, as Llama's reference code and Hugging Face's do.
-    forward(x (B, heads, n, d_k), offset=0) -> the same shape; the rows of x sit at positions offset .. offset + n - 1."""
+    forward(x (B, heads, n, d_k), offset=0, positions=None) -> the same shape; the rows of x sit at positions
+    offset .. offset + n - 1, or at positions (B|1, n) given per row (left-padded prompts)."""
 
     def __init__(self, d_k: int, base: float = 10000.0):
         super().__init__()
@@ -35,15 +37,22 @@ class RotaryEmbedding(nn.Module):
         theta = 1.0 / (base ** (torch.arange(0, d_k, 2, dtype=torch.int64).float() / d_k))    # θ_i, (d_k/2,)
         self.register_buffer("inv_freq", theta, persistent=False)     # follows d_k and base: not in the state_dict
 
-    def angles(self, positions):                        # (n,) integer positions -> (n, d_k/2) float32: m·θ_i
-        return positions.float()[:, None] * self.inv_freq.float()[None, :]
+    def angles(self, positions):                        # (..., n) integer positions -> (..., n, d_k/2) float32: m·θ_i
+        return positions.float()[..., None] * self.inv_freq.float()
 
-    def forward(self, x, offset: int = 0):
+    def forward(self, x, offset: int = 0, positions=None):
         if checks_due():                                # called directly (a model checks at its own door)
             check_tensor("x", x, last=self.d_k, floating=True, shape_text=f"(..., n, d_k={self.d_k})")
             check_int("offset", offset, 0)
-        positions = torch.arange(offset, offset + x.size(-2), device=x.device)
-        angle = self.angles(positions).repeat(1, 2)     # (n, d_k): features i and i + d_k/2 share m·θ_i
+            if positions is not None:
+                check_tensor("x", x, dim=4, shape_text=f"(B, heads, n, d_k={self.d_k}) when positions are given")
+                check_position_ids("positions", positions, x.size(0), x.size(-2))
+        if positions is None:
+            positions = torch.arange(offset, offset + x.size(-2), device=x.device)     # (n,), shared by every row
+        angle = self.angles(positions)                  # (n, d_k/2), or (B|1, n, d_k/2) per row
+        angle = torch.cat([angle, angle], dim=-1)       # (..., n, d_k): features i and i + d_k/2 share m·θ_i
+        if positions.dim() == 2:
+            angle = angle[:, None]                      # (B|1, 1, n, d_k): the same for every head
         cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)                     # each pair's two coordinates, (..., n, d_k/2) each
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin   # (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)
@@ -125,10 +134,11 @@ def llama_block(config: LlamaConfig, rotary: RotaryEmbedding) -> DecoderLayer:
 def sliding_window_mask(n_q: int, n_k: int, window: int, device=None):
     """(n_q, n_k) bool, True = may attend: the queries are the last n_q of n_k positions, and query i sees the
     keys j with i - window < j <= i (itself and the window - 1 positions before it)."""
-    check_int("n_q", n_q), check_int("window", window)
-    if check_int("n_k", n_k) < n_q:
-        raise ValueError(f"n_k must be >= n_q (the queries are the last n_q of the n_k positions), got n_q={n_q}, "
-                         f"n_k={n_k}")
+    if checks_due():                    # called directly (Llama calls it inside its checked forward)
+        check_int("n_q", n_q), check_int("window", window)
+        if check_int("n_k", n_k) < n_q:
+            raise ValueError(f"n_k must be >= n_q (the queries are the last n_q of the n_k positions), got "
+                             f"n_q={n_q}, n_k={n_k}")
     query = torch.arange(n_k - n_q, n_k, device=device)[:, None]     # (n_q, 1) positions
     key = torch.arange(n_k, device=device)[None, :]                   # (1, n_k)
     return (key <= query) & (key > query - window)
@@ -139,10 +149,11 @@ class Llama(nn.Module):
     and keys inside every attention), num_layers llama_blocks, a final RMSNorm, an output layer (tied to the
     embedding if config.tie_embeddings). Initialisation N(0, 0.02²) for every matrix, as Hugging Face's.
 
-    forward(tokens (B, T), mask=None, cache=None) -> logits (B, T, vocab_size), the GPT's signature (Chapter 11).
-    mask: bool (B|1, h|1, T|1, t + T), True = may attend (e.g. right padding: keep[:, None, None, :]); the causal mask
-    and config.sliding_window are always applied. cache: new_cache(); tokens then hold only the new positions.
-    Every row's positions are t .. t + T - 1: pad on the right (left-padded prompts would need per-row positions)."""
+    forward(tokens (B, T), mask=None, cache=None, position_ids=None) -> logits (B, T, vocab_size): the GPT's
+    signature (Chapter 11). mask: bool (B|1, h|1, T|1, t + T), True = may attend (e.g. padding: keep[:, None, None, :]);
+    the causal mask and config.sliding_window are always applied. cache: new_cache(); tokens then hold only the new
+    positions. position_ids (B|1, T): each token's position, the angle RoPE rotates it by (default t .. t + T - 1);
+    left-padded rows pass them as the GPT does, and generate(..., prompt_mask=...) does it for you."""
 
     def __init__(self, config: LlamaConfig):
         super().__init__()
@@ -162,16 +173,16 @@ class Llama(nn.Module):
         """One empty cache per block (Chapter 2's AttentionCache, holding num_kv_heads heads)."""
         return [block.new_cache() for block in self.blocks]
 
-    def forward(self, tokens, mask=None, cache=None):
-        t, B, T = decoder_door(self, tokens, mask, cache)            # Chapter 11's checks
-        if self.config.sliding_window is not None:                             # Mistral: a band of the past
-            window = sliding_window_mask(T, t + T, self.config.sliding_window, tokens.device)[None, None]
-            mask = window if mask is None else mask & window                   # (B|1, h|1, T, t + T)
+    def forward(self, tokens, mask=None, cache=None, position_ids=None):
+        t, B, T = decoder_door(self, tokens, mask, cache, position_ids)       # Chapter 11's checks
         x = lookup(self.token, tokens, "tokens")                               # (B, T, d_model)
         with checked():                                                        # the blocks check nothing
+            if self.config.sliding_window is not None:                         # Mistral: a band of the past
+                window = sliding_window_mask(T, t + T, self.config.sliding_window, tokens.device)[None, None]
+                mask = window if mask is None else mask & window               # (B|1, h|1, T, t + T)
             for i, block in enumerate(self.blocks):
-                x = block(x, tgt_mask=mask, cache=None if cache is None else cache[i])
-        x = self.norm(x)
+                x = block(x, tgt_mask=mask, cache=None if cache is None else cache[i], position_ids=position_ids)
+            x = self.norm(x)
         return x @ self.token.weight.T if self.lm_head is None else self.lm_head(x)   # (B, T, V)
 
 # %% ../chapters/14_modern_decoder.ipynb #c025

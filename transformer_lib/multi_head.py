@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from .attention import causal_mask, scaled_dot_product_attention
 from .validation import (check_attn_bias, check_bool, check_float, check_int, check_mask,
-                                        check_probability, check_rows, check_same_dtype, check_tensor, checked,
-                                        checks_due)
+                                        check_position_ids, check_probability, check_rows, check_same_dtype,
+                                        check_tensor, checked, checks_due)
 
 # %% ../chapters/02_multi_head_attention.ipynb #c015
 # The attention_maps(...) blocks now open (section 2.4's end): each a dict of modules -> names, and its maps
@@ -70,7 +70,7 @@ class MultiHeadAttention(nn.Module):
         return x.transpose(1, 2).reshape(B, n, h * d_k)     # = Concat(head_1, ..., head_h)
 
     def forward(self, query, key, value, mask=None, need_weights=False, cache=None, attn_bias=None,
-                is_causal=False):
+                is_causal=False, position_ids=None):
         """query (B, n_q, d_model), key and value (B, n_k, d_model), in the dtype of the weights.
         mask: bool, True = may attend, with the rank of the scores: (B|1, h|1, n_q|1, n_k).
         cache: an AttentionCache for incremental decoding (section 2.9); n_k then counts the cached positions.
@@ -79,23 +79,25 @@ class MultiHeadAttention(nn.Module):
         is_causal: also apply causal_mask(n_q, n_k) (the queries are the last n_q of the n_k positions), AND-ed with
             mask. Without a mask, a bias or cached positions, PyTorch's fused kernel gets is_causal=True instead of
             a mask tensor (on a GPU that admits the flash kernels; on the CPU the result is bitwise the same).
+        position_ids: (B|1, n_q) integer positions of the queries and new keys, for rotary (Chapter 14's
+            left-padded rows); None: t .. t + n_q - 1 after the t cached positions.
         Returns (output (B, n_q, d_model), weights (B, h, n_q, n_k) if need_weights else None)."""
         if checks_due():
-            reuse = self._check_inputs(query, key, value, mask, need_weights, cache, attn_bias)
+            reuse = self._check_inputs(query, key, value, mask, need_weights, cache, attn_bias, position_ids)
             check_bool("is_causal", is_causal)
         else:
             reuse = cache is not None and cache.static and cache.k is not None
         Q = self.split_heads(self.W_q(query))               # (B, h, n_q, d_k)
         t = 0 if cache is None or cache.static else len(cache)   # positions before these queries (for rotary)
         if self.rotary is not None:
-            Q = self.rotary(Q, t)
+            Q = self.rotary(Q, t, position_ids)
         if reuse:                                           # static cache: the memory was projected before
             K, V = cache.k, cache.v
         else:
             K = self.split_heads(self.W_k(key), self.num_kv_heads)    # (B, h_kv, n_k, d_k); h_kv = h unless
             V = self.split_heads(self.W_v(value), self.num_kv_heads)  # grouped (Chapter 14)
             if self.rotary is not None:
-                K = self.rotary(K, t)
+                K = self.rotary(K, t, position_ids)
             if mask is not None:    # a key no query may see cannot matter, even holding NaN (Chapter 1): zero the
                 seen = mask.any(-2).unsqueeze(-1)[..., -K.size(2):, :]   # new ones; cached ones were, when new
                 if self.num_kv_heads != self.num_heads:
@@ -110,6 +112,7 @@ class MultiHeadAttention(nn.Module):
             V = V.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
         record = _recording(self) if _RECORDERS.get() else ()     # inside attention_maps(...) (below)?
         n_q, n_k = Q.size(2), K.size(2)
+        is_causal = is_causal and n_q > 1       # one query, the newest position, may see every key: no mask
         if is_causal and (need_weights or record or mask is not None or attn_bias is not None or n_q != n_k):
             causal = causal_mask(n_q, n_k, device=Q.device)[None, None]          # (1, 1, n_q, n_k)
             mask, is_causal = (causal if mask is None else mask & causal), False   # a tensor after all
@@ -129,7 +132,7 @@ class MultiHeadAttention(nn.Module):
             weights = None
         return self.W_o(self.merge_heads(out)), weights     # (B, n_q, d_model), (B, h, n_q, n_k) or None
 
-    def _check_inputs(self, query, key, value, mask, need_weights, cache, attn_bias=None) -> bool:
+    def _check_inputs(self, query, key, value, mask, need_weights, cache, attn_bias=None, position_ids=None) -> bool:
         """Raise a ValueError naming the argument; return True when a static cache supplies K and V."""
         check_bool("need_weights", need_weights)
         if cache is not None and not isinstance(cache, AttentionCache):
@@ -155,6 +158,10 @@ class MultiHeadAttention(nn.Module):
             check_mask("mask", mask, (B, self.num_heads, query.size(1), n_k))
         if attn_bias is not None:
             check_attn_bias("attn_bias", attn_bias, (B, self.num_heads, query.size(1), n_k), self.W_q.weight.dtype)
+        if position_ids is not None:
+            if self.rotary is None:
+                raise ValueError("position_ids must be None: this attention has no rotary embedding to position")
+            check_position_ids("position_ids", position_ids, B, query.size(1))
         return reuse
 
 # %% ../chapters/02_multi_head_attention.ipynb #c017b

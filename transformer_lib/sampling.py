@@ -7,7 +7,7 @@ __all__ = ['filter_logits', 'sample_next', 'generate']
 import torch
 
 from .training import inference
-from .validation import check_bool, check_float, check_int, check_tensor, check_token_ids, describe
+from .validation import check_bool, check_float, check_int, check_tensor, check_token_ids, checked, describe
 
 # %% ../chapters/11_decoder_only.ipynb #c031
 def filter_logits(logits, top_k: int | None = None, top_p: float | None = None):
@@ -94,14 +94,15 @@ def generate(model, prompt, max_new_tokens: int, temperature: float = 1.0, top_k
     keep = None if prompt_mask is None else prompt_mask.to(prompt.device)       # (B, t + T): real keys
     cache = model.new_cache() if use_cache else None
     tokens, feed = prompt, prompt
-    for _ in range(max_new_tokens):
-        if keep is None:
-            logits = model(feed, cache=cache)[:, -1]                         # (B, V) for the next position
-        else:
-            positions = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, -feed.size(1):]
-            logits = model(feed, keep[:, None, None, :], cache=cache, position_ids=positions)[:, -1]
-            keep = torch.cat([keep, keep.new_ones(keep.size(0), 1)], dim=1)
-        nxt = _sample(logits, temperature, top_k, top_p, generator)[:, None]
-        tokens = torch.cat([tokens, nxt], dim=1)
-        feed = nxt if use_cache else tokens
+    with checked():                  # checked once above: the model checks nothing at each token
+        for _ in range(max_new_tokens):
+            if keep is None:
+                logits = model(feed, cache=cache)[:, -1]                     # (B, V) for the next position
+            else:
+                positions = (keep.long().cumsum(-1) - 1).clamp(min=0)[:, -feed.size(1):]
+                logits = model(feed, keep[:, None, None, :], cache=cache, position_ids=positions)[:, -1]
+                keep = torch.cat([keep, keep.new_ones(keep.size(0), 1)], dim=1)
+            nxt = _sample(logits, temperature, top_k, top_p, generator)[:, None]
+            tokens = torch.cat([tokens, nxt], dim=1)
+            feed = nxt if use_cache else tokens
     return tokens[:, prompt.size(1):]

@@ -11,6 +11,7 @@ import math
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from .attention import padding_mask
 from .bert import IGNORE_INDEX, token_cross_entropy
@@ -39,12 +40,19 @@ class RMSNorm(nn.Module):
         self.eps = check_float("eps", eps, low_open=True)
         self.weight = nn.Parameter(torch.ones(d_model))   # γ
 
-    def forward(self, x):
-        check_tensor("x", x, last=self.d_model, floating=True, shape_text=f"(..., d_model={self.d_model})")
-        check_same_dtype("the module", self.weight, x=x)
-        z = x.to(torch.promote_types(x.dtype, torch.float32))
+    def formula(self, x):
+        """The formula, step by step: what forward computes (asserted equal below)."""
+        z = x.to(torch.promote_types(x.dtype, torch.float32))   # float16/bfloat16 -> float32; others unchanged
         rms = torch.sqrt(z.pow(2).mean(-1, keepdim=True) + self.eps)     # (..., 1): no mean is subtracted
         return (self.weight * (z / rms)).to(x.dtype)
+
+    def forward(self, x):
+        if checks_due():                    # called directly; a model checks at its own door, not in every layer
+            check_tensor("x", x, last=self.d_model, floating=True, shape_text=f"(..., d_model={self.d_model})")
+            check_same_dtype("the module", self.weight, x=x)
+        # The same computation as self.formula(x) in one fused kernel, as Chapter 5's LayerNorm does (PyTorch
+        # also computes the mean square in float32 for half-precision inputs)
+        return F.rms_norm(x, (self.d_model,), self.weight, self.eps)
 
     def extra_repr(self):
         return f"{self.d_model}, eps={self.eps}"
@@ -60,16 +68,18 @@ def relative_position_bucket(relative_position, bidirectional: bool = True, num_
     In each half, distances 0 .. exact-1 (exact = a quarter of the buckets, or half without direction) get a
     bucket each; longer distances share buckets whose width grows geometrically up to max_distance, and
     everything farther falls into the last bucket. relative_position: integer tensor -> long tensor, same shape."""
-    if not isinstance(relative_position, torch.Tensor) or relative_position.is_floating_point() \
-            or relative_position.is_complex() or relative_position.dtype == torch.bool:
-        raise ValueError(f"relative_position must be an integer tensor of offsets (key - query), "
-                         f"got {describe(relative_position)}")
-    check_bool("bidirectional", bidirectional)
-    check_int("num_buckets", num_buckets, 4 if bidirectional else 2)
     n = num_buckets // 2 if bidirectional else num_buckets                 # buckets per direction
-    if check_int("max_distance", max_distance, 2) <= n // 2:
-        raise ValueError(f"max_distance must exceed the {n // 2} exact distances of num_buckets={num_buckets} "
-                         f"(bidirectional={bidirectional}), got {max_distance}")
+    if checks_due():                        # called directly (T5 calls it inside its checked forward)
+        if not isinstance(relative_position, torch.Tensor) or relative_position.is_floating_point() \
+                or relative_position.is_complex() or relative_position.dtype == torch.bool:
+            raise ValueError(f"relative_position must be an integer tensor of offsets (key - query), "
+                             f"got {describe(relative_position)}")
+        check_bool("bidirectional", bidirectional)
+        check_int("num_buckets", num_buckets, 4 if bidirectional else 2)
+        n = num_buckets // 2 if bidirectional else num_buckets
+        if check_int("max_distance", max_distance, 2) <= n // 2:
+            raise ValueError(f"max_distance must exceed the {n // 2} exact distances of num_buckets={num_buckets} "
+                             f"(bidirectional={bidirectional}), got {max_distance}")
     if bidirectional:
         first = torch.where(relative_position > 0, n, 0)                   # keys after the query: upper half
         distance = relative_position.abs()
@@ -99,8 +109,10 @@ class RelativePositionBias(nn.Module):
 
     def buckets(self, n_q: int, n_k: int, offset: int = 0):
         device = self.table.weight.device
-        query = torch.arange(check_int("n_q", n_q), device=device)[:, None] + check_int("offset", offset, 0)
-        key = torch.arange(check_int("n_k", n_k), device=device)[None, :]
+        if checks_due():                    # called directly (T5 calls it inside its checked forward)
+            check_int("n_q", n_q), check_int("offset", offset, 0), check_int("n_k", n_k)
+        query = torch.arange(n_q, device=device)[:, None] + offset
+        key = torch.arange(n_k, device=device)[None, :]
         return relative_position_bucket(key - query, self.bidirectional, self.num_buckets, self.max_distance)
 
     def forward(self, n_q: int, n_k: int, offset: int = 0):
@@ -263,9 +275,9 @@ class T5(nn.Module):
             check_mask("src_mask", src_mask, (B, self.config.num_heads, S, S), "(B, h, S, S)")
         if S == 0:
             raise ValueError(f"src must hold at least one position, got shape {tuple(src.shape)}")
-        bias = self.encoder_bias(S, S)                                        # (1, h, S, S), every layer
         x = self.dropout(lookup(self.shared, src, "src"))                     # (B, S, d)
         with checked():                                                       # checked once, here
+            bias = self.encoder_bias(S, S)                                    # (1, h, S, S), every layer
             return self.dropout(self.encoder(x, src_mask, attn_bias=bias))   # (B, S, d_model)
 
     def decode(self, tgt, memory, src_mask=None, tgt_mask=None, cache=None):
@@ -291,9 +303,9 @@ class T5(nn.Module):
             if t and cache[0][0].k.size(0) != B:
                 raise ValueError(f"cache holds {cache[0][0].k.size(0)} batch rows but tgt has B={B}")
         T = tgt.size(1)
-        bias = self.decoder_bias(T, t + T, offset=t)                          # (1, h, T, t + T)
         x = self.dropout(lookup(self.shared, tgt, "tgt"))                     # (B, T, d)
         with checked():                                    # checked once, here; the decoder is always causal
+            bias = self.decoder_bias(T, t + T, offset=t)                      # (1, h, T, t + T)
             x = self.decoder(x, memory, src_mask, tgt_mask, cache, attn_bias=bias)
         return self.dropout(x)                                                # (B, T, d_model)
 

@@ -56,21 +56,25 @@ class LabelSmoothingLoss(nn.Module):
                              f"{tuple(logits.shape)} and target {tuple(target.shape)}")
         V, eps = logits.size(-1), self.label_smoothing
         target = target.reshape(-1)                              # (N,)
-        keep = target != self.pad_id                             # padding positions carry no loss
-        target = target[keep]
-        if target.numel() and not ((target >= 0) & (target < V)).all():
+        keep = target != self.pad_id                             # (N,) padding positions carry no loss
+        fits = ((target >= 0) & (target < V)) | ~keep
+        try:       # nothing is read back to the host (on a GPU a failed check is a device-side assertion)
+            torch._assert_async(fits.all(), "target holds ids outside [0, V)")
+        except RuntimeError:
+            real = target[keep]
             raise ValueError(f"target holds ids outside [0, {V - 1}] (V = logits.size(-1) = {V}) other than "
-                             f"pad_id={self.pad_id}: from {int(target.min())} to {int(target.max())}")
-        logp = F.log_softmax(logits.reshape(-1, V)[keep], dim=-1)   # (N_real, V) log-probabilities
-        nll = -logp.gather(1, target[:, None]).squeeze(1)        # -log p(y): cross-entropy with the one-hot
-        uniform = -logp.mean(dim=-1)                             # -(1/V) sum_k log p(k): ... with the uniform
+                             f"pad_id={self.pad_id}: from {int(real.min())} to {int(real.max())}") from None
+        logp = F.log_softmax(logits.reshape(-1, V), dim=-1)      # (N, V) log-probabilities
+        nll = -logp.gather(1, torch.where(keep, target, 0)[:, None]).squeeze(1)  # -log p(y): cross-entropy with
+        uniform = -logp.mean(dim=-1)                             # the one-hot; -(1/V) sum_k log p(k): the uniform
         if eps == 0:                                             # 0 * inf would be nan for a -inf logit
-            per_token = nll                                      # (N_real,)
+            per_token = nll                                      # (N,)
         elif eps == 1:
             per_token = uniform
         else:
             per_token = (1 - eps) * nll + eps * uniform
-        return per_token.mean() if per_token.numel() else per_token.sum()    # no real target: 0, not nan
+        per_token = torch.where(keep, per_token, 0.0)            # padding: no loss (no boolean indexing, which
+        return per_token.sum() / keep.sum().clamp(min=1)         # reads a size back); no real target: 0, not nan
 
 
 def smoothed_targets(target, vocab_size: int, label_smoothing: float = 0.1):

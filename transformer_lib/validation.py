@@ -2,7 +2,8 @@
 
 # %% auto #0
 __all__ = ['checks_due', 'checked', 'describe', 'check_int', 'check_float', 'check_probability', 'check_bool', 'check_tensor',
-           'check_same_dtype', 'check_token_ids', 'lookup', 'check_rows', 'check_attn_bias', 'check_mask']
+           'check_same_dtype', 'check_token_ids', 'check_position_ids', 'lookup', 'check_rows', 'check_attn_bias',
+           'check_mask']
 
 # %% ../chapters/appendix_tools.ipynb #c006b
 # One place for the checks every public entry point repeats. Each raises a ValueError whose message names
@@ -109,6 +110,16 @@ def check_token_ids(name: str, tokens, vocab_size: int, dim: int = 2) -> torch.T
             raise ValueError(f"{name} holds token ids from {low} to {high}, outside the vocabulary "
                              f"[0, {vocab_size - 1}] (vocab_size={vocab_size})")
     return tokens
+
+
+def check_position_ids(name: str, position_ids, B: int, T: int) -> torch.Tensor:
+    """An integer tensor (B|1, T) of positions, one per token of a (B, T) batch (left-padded rows, Chapter 11)."""
+    if (not isinstance(position_ids, torch.Tensor) or position_ids.dim() != 2 or position_ids.size(0) not in (1, B)
+            or position_ids.size(1) != T or position_ids.is_floating_point() or position_ids.is_complex()
+            or position_ids.dtype == torch.bool):
+        raise ValueError(f"{name} must be an integer tensor of shape (B|1, T) = ({B}|1, {T}), got "
+                         f"{describe(position_ids)}")
+    return position_ids
 
 
 def lookup(embedding, ids: torch.Tensor, name: str) -> torch.Tensor:

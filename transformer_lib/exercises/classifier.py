@@ -6,7 +6,7 @@ __all__ = ['check_pooling', 'check_cls_at_end', 'check_few_labels', 'check_class
 # %% ../../chapters/10_encoder_only.ipynb #c050
 import torch
 
-from ..classifier import SequenceClassifier, pool
+from ..classifier import ClassifierConfig, SequenceClassifier, pool
 from .attention import close_to
 from .positional import check_learned_positions
 
@@ -190,7 +190,7 @@ def check_classifier_positions(cls) -> None:
                              "against max_len yourself and raise a ValueError that names both") from None
     g = torch.Generator().manual_seed(0)
     with torch.random.fork_rng():
-        model = SequenceClassifier(20, 3, d_model=d, num_heads=2, d_ff=16, num_layers=1, dropout=0.0)
+        model = SequenceClassifier(ClassifierConfig(20, 3, d_model=d, num_heads=2, d_ff=16, num_layers=1, dropout=0.0))
         model.position = cls(d, 17)                       # [CLS] + 16 tokens
     logits = model(torch.randint(3, 20, (B, 16), generator=g))
     assert logits.shape == (B, 3), f"inside SequenceClassifier the logits have shape {tuple(logits.shape)}"
