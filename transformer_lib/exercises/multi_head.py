@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from ..attention import causal_mask, scaled_dot_product_attention
-from .attention import close_to
+from .grading import close_to
 from ..multi_head import MultiHeadAttention, copy_to_torch_mha
 
 

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from .attention import close_to
+from .grading import close_to
 
 
 def _nucleus(logits, p):
