@@ -77,7 +77,7 @@ def log10(nats_per_token, tokens_per_byte):
 
 
 def test_bits_per_byte_asks_for_a_number():
-    with pytest.raises(AssertionError, match="return one number"):
+    with pytest.raises(AssertionError, match="must be one number"):
         check_bits_per_byte(lambda loss, per_byte: None)
 
 

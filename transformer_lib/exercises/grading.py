@@ -16,10 +16,10 @@ TOLERANCES = {torch.float64: (1e-7, 1e-9), torch.float32: (1e-4, 1e-5), torch.fl
 
 
 def close_to(got, want, scale: float = 1.0) -> bool:
-    """True when the reader's answer got equals the reference want within the tolerance of got's dtype
-    (TOLERANCES, times scale for an ill-conditioned computation). Tensors must have want's shape (got may be on
-    any device); numbers are held to float32's tolerance (a number does not say how it was computed); lists and
-    tuples are compared item by item; None equals only None."""
+    """True when the reader's answer got equals the reference want within the tolerance of the less precise of
+    their dtypes (TOLERANCES, times scale for an ill-conditioned computation). Tensors must have want's shape (got
+    may be on any device); numbers are held to float32's tolerance (a number does not say how it was computed);
+    lists and tuples are compared item by item; None equals only None."""
     if want is None or got is None:
         return got is want
     if isinstance(want, (list, tuple)):
@@ -30,8 +30,8 @@ def close_to(got, want, scale: float = 1.0) -> bool:
             return False
         rtol, atol = TOLERANCES[torch.float32]
         return abs(got - want) <= scale * (rtol * abs(want) + atol)
-    rtol, atol = TOLERANCES.get(got.dtype, TOLERANCES[torch.float32])
-    want = torch.as_tensor(want)
+    want = want if isinstance(want, torch.Tensor) else torch.tensor(want, dtype=torch.float64)
+    rtol, atol = max(TOLERANCES.get(t.dtype, TOLERANCES[torch.float32]) for t in (got, want))
     return (tuple(got.shape) == tuple(want.shape)
             and torch.allclose(got.detach().to("cpu", torch.float64), want.detach().to("cpu", torch.float64),
                                rtol=rtol * scale, atol=atol * scale))
