@@ -158,3 +158,22 @@ class RuleAsModel(nn.Module):
                     current = []
             scores[b, sep + 1 + story.index(self.rule(sentences, question)), 0] = 1.0
         return scores + self.dummy
+
+
+class Call:
+    """A grader call with more than the answer: Call(answer, 5, peak_step=4000) runs grader(answer, 5,
+    peak_step=4000); Call(build=factory) runs grader(factory()), the answer built only when the case runs."""
+
+    def __init__(self, *args, build=None, **kwargs):
+        self.args, self.kwargs, self.build = args, kwargs, build
+
+    def run(self, grader):
+        return grader(*((self.build(),) if self.build else self.args), **self.kwargs)
+
+
+def grader_row(check, correct, mistakes, prints=""):
+    """One grader's row of the grader table that tests/test_graders.py runs: every answer in correct (float64 and
+    float32 work) passes and prints check's line (containing the words prints, a string or a list), and every (wrong answer, words)
+    in mistakes raises AssertionError whose message matches the regex words. An answer is what the reader passes
+    to check, or a Call."""
+    return check, list(correct), list(mistakes), prints

@@ -11,13 +11,15 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from helpers import grader_row
 
 from transformer_lib.attention import scaled_dot_product_attention
 from transformer_lib.classifier import pool
-from transformer_lib.exercises.attention import check_attention, close_to
+from transformer_lib.exercises.attention import check_attention
 from transformer_lib.exercises.classifier import check_pooling
 from transformer_lib.exercises.encoder import check_encoder_layer
 from transformer_lib.exercises.feed_forward import check_feed_forward
+from transformer_lib.exercises.grading import close_to, first_difference, number
 from transformer_lib.exercises.residual import check_layer_norm
 from transformer_lib.exercises.sampling import check_top_p
 from transformer_lib.exercises.training import check_label_smoothing
@@ -33,9 +35,21 @@ def test_close_to_sets_the_tolerance_by_the_answers_dtype():
     assert close_to(want + 1e-10, want) and not close_to(want + 1e-5, want)          # float64: strict
     assert close_to((want + 1e-5).float(), want) and not close_to((want + 1e-2).float(), want)   # float32
     assert not close_to(want[:1], want)                                                # shapes must match
+    assert close_to(1.00001, 1.0) and not close_to(1.001, 1.0) and close_to(torch.tensor(2.0), 2.0)   # numbers
+    assert close_to([1.0, want], (1.0, want)) and not close_to([1.0], [1.0, 2.0]) and close_to(None, None)
 
 
-# --- a correct answer computed in float32 passes every float grader
+def test_number_and_first_difference():
+    assert number(torch.tensor([3.0]), "x") == 3.0
+    with pytest.raises(AssertionError, match="x must be one number"):
+        number([1, 2], "x")
+    want = torch.zeros(2, 3, dtype=torch.float64)
+    got = want.clone()
+    got[1, 2] = 0.5
+    assert first_difference(got, want) == ((1, 2), 0.5, 0.0) and first_difference(want, want) is None
+
+
+# --- a correct answer computed in float32 passes every float grader (the rows of GRADERS, run by tests/test_graders.py)
 
 def attention32(Q, K, V, mask=None, softmax_axis=-1):
     Q, K, V = f32(Q, K, V)
@@ -85,19 +99,6 @@ def top_p32(logits, p):
     return filter_logits(logits.float(), top_p=p)
 
 
-FLOAT32_ANSWERS = [
-    (check_attention, attention32), (check_feed_forward, ffn32), (check_layer_norm, layer_norm32),
-    (check_encoder_layer, encoder_layer32), (check_label_smoothing, label_smoothing32),
-    (check_pooling, pooling32), (check_top_p, top_p32),
-]
-
-
-@pytest.mark.parametrize("grader, answer", FLOAT32_ANSWERS, ids=[g.__name__ for g, _ in FLOAT32_ANSWERS])
-def test_a_correct_float32_answer_passes(grader, answer, capsys):
-    grader(answer)
-    assert grader.__name__ in capsys.readouterr().out
-
-
 # --- and the mistakes are still named when the reader works in float32
 
 def attention32_unscaled(Q, K, V, mask=None):
@@ -132,21 +133,18 @@ def pooling32_padding_in_mean(hidden, keep, method):
     return (hidden * keep[..., None]).sum(1) / hidden.size(1) if method == "mean" else pool(hidden, keep, method)
 
 
-FLOAT32_MISTAKES = [
-    (check_attention, attention32_unscaled, "not divided by sqrt"),
-    (check_attention, attention32_query_axis, "softmax over the wrong axis"),
-    (check_layer_norm, layer_norm32_unbiased, "unbiased variance"),
-    (check_layer_norm, layer_norm32_eps_outside, "eps added outside the square root"),
-    (check_feed_forward, ffn32_no_b1, "b_1 missing"),
-    (check_label_smoothing, label_smoothing32_padding_counted, "padding positions are not ignored"),
-    (check_pooling, pooling32_padding_in_mean, "padding counted in the mean"),
+GRADERS = [
+    grader_row(check_attention, correct=[attention32], mistakes=[
+        (attention32_unscaled, "not divided by sqrt"), (attention32_query_axis, "softmax over the wrong axis")]),
+    grader_row(check_feed_forward, correct=[ffn32], mistakes=[(ffn32_no_b1, "b_1 missing")]),
+    grader_row(check_layer_norm, correct=[layer_norm32], mistakes=[
+        (layer_norm32_unbiased, "unbiased variance"), (layer_norm32_eps_outside, "eps added outside the square root")]),
+    grader_row(check_encoder_layer, correct=[encoder_layer32], mistakes=[]),
+    grader_row(check_label_smoothing, correct=[label_smoothing32], mistakes=[
+        (label_smoothing32_padding_counted, "padding positions are not ignored")]),
+    grader_row(check_pooling, correct=[pooling32], mistakes=[(pooling32_padding_in_mean, "padding counted in the mean")]),
+    grader_row(check_top_p, correct=[top_p32], mistakes=[]),
 ]
-
-
-@pytest.mark.parametrize("grader, answer, named", FLOAT32_MISTAKES, ids=[a.__name__ for _, a, _ in FLOAT32_MISTAKES])
-def test_a_float32_mistake_is_still_named(grader, answer, named):
-    with pytest.raises(AssertionError, match=named):
-        grader(answer)
 
 
 # --- check_encoder_layer refuses the shortcuts its exercise forbids (it used to accept layer(x, mask))

@@ -1,9 +1,9 @@
 """Chapter 1's graders for exercises 2 (temperature limits) and 3 (additive attention): a correct answer passes in
 float64 and float32, and each typical mistake is named."""
 
-import pytest
 import torch
 import torch.nn.functional as F
+from helpers import grader_row
 
 from transformer_lib.exercises.attention import check_additive_scores, check_temperature_limits
 
@@ -41,25 +41,6 @@ def argmax_breaks_the_tie(scores):
     return limits(scores)[0], F.one_hot(scores.argmax(-1), scores.size(-1)).to(scores.dtype)
 
 
-@pytest.mark.parametrize("answer", [limits, limits32, limits_numerically])
-def test_correct_limits_pass(answer, capsys):
-    check_temperature_limits(answer)
-    assert "both limits are right" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("answer, named", [
-    (swapped_limits, "swapped"),
-    (weights_at_c_equal_1, "weights at c = 1"),
-    (uniform_ones, "sum to 5, not 1"),
-    (smallest_score_wins, "SMALLEST score"),
-    (argmax_breaks_the_tie, "two equal largest scores"),
-    (lambda s: s.softmax(-1), "two tensors"),
-])
-def test_temperature_mistakes_are_named(answer, named):
-    with pytest.raises(AssertionError, match=named):
-        check_temperature_limits(answer)
-
-
 def additive(Q, K, W_1, W_2, w):
     return torch.tanh((Q @ W_1.T)[:, :, None, :] + (K @ W_2.T)[:, None, :, :]) @ w
 
@@ -92,20 +73,21 @@ def dot_product(Q, K, W_1, W_2, w):
     return Q @ K.transpose(-2, -1)
 
 
-@pytest.mark.parametrize("answer", [additive, additive32])
-def test_correct_additive_scores_pass(answer, capsys):
-    check_additive_scores(answer)
-    assert "match" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("answer, named", [
-    (transposed_scores, "transposed"),
-    (swapped_weights, "W_1 and W_2 swapped"),
-    (no_tanh, "no tanh"),
-    (tanh_after_w, "tanh applied after the product with w"),
-    (untransposed_weights, r"Q @ W_1\.T"),
-    (dot_product, "dot-product scores"),
-])
-def test_additive_mistakes_are_named(answer, named):
-    with pytest.raises(AssertionError, match=named):
-        check_additive_scores(answer)
+GRADERS = [
+    grader_row(check_temperature_limits, correct=[limits, limits32, limits_numerically], mistakes=[
+        (swapped_limits, "swapped"),
+        (weights_at_c_equal_1, "weights at c = 1"),
+        (uniform_ones, "sum to 5, not 1"),
+        (smallest_score_wins, "SMALLEST score"),
+        (argmax_breaks_the_tie, "two equal largest scores"),
+        (lambda s: s.softmax(-1), "two tensors"),
+    ], prints='both limits are right'),
+    grader_row(check_additive_scores, correct=[additive, additive32], mistakes=[
+        (transposed_scores, "transposed"),
+        (swapped_weights, "W_1 and W_2 swapped"),
+        (no_tanh, "no tanh"),
+        (tanh_after_w, "tanh applied after the product with w"),
+        (untransposed_weights, r"Q @ W_1\.T"),
+        (dot_product, "dot-product scores"),
+    ], prints='match'),
+]

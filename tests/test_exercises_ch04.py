@@ -3,10 +3,10 @@
 from fractions import Fraction
 
 import numpy as np
-import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from helpers import Call, grader_row
 
 from transformer_lib.exercises.feed_forward import check_kernel_3, check_swiglu, check_swiglu_width
 
@@ -35,25 +35,6 @@ def ratio_inverted(d_model):
 
 def rounded_width(d_model):
     return round(8 * d_model / 3)
-
-
-def test_swiglu_width_accepts_the_formula(capsys):
-    check_swiglu_width(swiglu_width)
-    check_swiglu_width(swiglu_width_exact)
-    check_swiglu_width(lambda d: torch.tensor(8.0 * d) / 3)      # a float32 tensor
-    assert "check_swiglu_width: correct" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("wrong, words", [
-    (same_width, "kept d_ff = 4·d_model"),
-    (biases_counted, "biases counted"),
-    (ratio_inverted, "multiplied 4·d_model by 3/2"),
-    (rounded_width, "rounded width"),
-    (lambda d: 2 * d / 3, "forgot the factor 4"),
-])
-def test_swiglu_width_names_the_mistake(wrong, words):
-    with pytest.raises(AssertionError, match=words):
-        check_swiglu_width(wrong)
 
 
 # --- exercise 2: the SwiGLU module
@@ -105,26 +86,6 @@ class OtherNames(nn.Module):
         self.gate_proj = nn.Linear(d_model, d_ff, bias=False)
 
 
-def test_swiglu_accepts_float32_and_float64(capsys):
-    check_swiglu(SwiGLUFeedForward)                                # float32, PyTorch's default
-    assert "correct (in float32)" in capsys.readouterr().out
-    check_swiglu(SwiGLU64)
-    assert "correct (in float64)" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("wrong, words", [
-    (SwishOnWrongBranch, "Swish applied to the wrong branch"),
-    (WithBiases, "biases in W, V, W_2"),
-    (SigmoidGate, "sigmoid"),
-    (NoSwish, "Swish missing"),
-    (BranchesAdded, "added, not multiplied"),
-    (OtherNames, "no nn.Linear called W"),
-])
-def test_swiglu_names_the_mistake(wrong, words):
-    with pytest.raises(AssertionError, match=words):
-        check_swiglu(wrong)
-
-
 def test_swiglu_leaves_the_global_random_state_alone():
     torch.manual_seed(1)
     before = torch.random.get_rng_state()
@@ -139,26 +100,31 @@ distance = torch.arange(n)[:, None] - torch.arange(n)
 band = distance.abs() <= 1
 
 
-def test_kernel_3_accepts_the_answer_in_any_container(capsys):
-    check_kernel_3(band, 5)
-    check_kernel_3(band.int().tolist(), 5.0)
-    check_kernel_3(np.asarray(band, dtype=np.float32), torch.tensor(5))
-    assert "check_kernel_3: correct" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("nonzero, words", [
-    (distance == 0, "kernel size 1"),                              # the kernel-size-1 pattern
-    (torch.ones(n, n), "that is attention"),
-    (distance.abs() <= 2, "not two"),
-    ((distance >= 0) & (distance <= 2), "causal convolution"),
-    (torch.ones(5, 5), "shape"),
-])
-def test_kernel_3_names_a_wrong_pattern(nonzero, words):
-    with pytest.raises(AssertionError, match=words):
-        check_kernel_3(nonzero, 5)
-
-
-@pytest.mark.parametrize("layers, words", [(3, "centred on the output"), (6, "off by one"), (4, "x_1 ... x_5 only")])
-def test_kernel_3_names_a_wrong_number_of_layers(layers, words):
-    with pytest.raises(AssertionError, match=words):
-        check_kernel_3(band, layers)
+GRADERS = [
+    grader_row(check_swiglu_width, correct=[swiglu_width, swiglu_width_exact, lambda d: torch.tensor(8.0 * d) / 3], mistakes=[
+        (same_width, "kept d_ff = 4·d_model"),
+        (biases_counted, "biases counted"),
+        (ratio_inverted, "multiplied 4·d_model by 3/2"),
+        (rounded_width, "rounded width"),
+        (lambda d: 2 * d / 3, "forgot the factor 4"),
+    ], prints='check_swiglu_width: correct'),
+    grader_row(check_swiglu, correct=[SwiGLUFeedForward], mistakes=[], prints="correct (in float32)"),
+    grader_row(check_swiglu, correct=[SwiGLU64], prints="correct (in float64)", mistakes=[
+        (SwishOnWrongBranch, "Swish applied to the wrong branch"),
+        (WithBiases, "biases in W, V, W_2"),
+        (SigmoidGate, "sigmoid"),
+        (NoSwish, "Swish missing"),
+        (BranchesAdded, "added, not multiplied"),
+        (OtherNames, "no nn.Linear called W"),
+    ]),
+    grader_row(check_kernel_3, correct=[Call(band, 5), Call(band.int().tolist(), 5.0), Call(np.asarray(band, dtype=np.float32), torch.tensor(5))], mistakes=[
+        (Call(distance == 0, 5), "kernel size 1"),                 # the kernel-size-1 pattern
+        (Call(torch.ones(n, n), 5), "that is attention"),
+        (Call(distance.abs() <= 2, 5), "not two"),
+        (Call((distance >= 0) & (distance <= 2), 5), "causal convolution"),
+        (Call(torch.ones(5, 5), 5), "shape"),
+        (Call(band, 3), "centred on the output"),
+        (Call(band, 6), "off by one"),
+        (Call(band, 4), "x_1 ... x_5 only"),
+    ], prints='check_kernel_3: correct'),
+]

@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from helpers import grader_row
 
 from transformer_lib.exercises.residual import (
     check_he_init,
@@ -45,25 +46,6 @@ def summed_not_averaged(x, gamma, eps=1e-6):
 
 def gamma_missing(x, gamma, eps=1e-6):
     return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-
-
-def test_rms_norm_accepts_float64_and_float32(capsys):
-    check_rms_norm(rms_norm)
-    check_rms_norm(rms_norm32)
-    check_rms_norm(lambda x, gamma, eps: nn.functional.rms_norm(x, (x.size(-1),), gamma, eps))
-    assert capsys.readouterr().out.count("check_rms_norm: correct") == 3
-
-
-@pytest.mark.parametrize("wrong, words", [
-    (subtracted_the_mean, "subtracted the mean"),
-    (eps_outside_the_root, "eps outside the root"),
-    (divided_by_std, "divided by the standard deviation"),
-    (summed_not_averaged, "mean of the squares"),
-    (gamma_missing, "gamma missing"),
-])
-def test_rms_norm_names_the_mistake(wrong, words):
-    with pytest.raises(AssertionError, match=words):
-        check_rms_norm(wrong)
 
 
 # --- exercise 3: He initialisation
@@ -111,40 +93,11 @@ def not_in_place(block):
     torch.nn.init.kaiming_normal_(block.linear1.weight.clone(), nonlinearity="relu")
 
 
-def test_he_init_accepts_normal_and_uniform(capsys):
-    for fn in (he_init, he_init_uniform, he_init_returning_the_block):
-        check_he_init(fn)
-    out = capsys.readouterr().out
-    assert out.count("check_he_init: correct scales") == 3
-
-
-@pytest.mark.parametrize("wrong, words", [
-    (fan_out_mode, "mode='fan_out'"),
-    (relu_gain_everywhere, "use nonlinearity='linear' for linear2"),
-    (xavier, "Xavier"),
-    (biases_left, "bias is not zero"),
-    (not_in_place, "did not change"),
-])
-def test_he_init_names_the_mistake(wrong, words):
-    with pytest.raises(AssertionError, match=words):
-        check_he_init(wrong)
-
-
 def test_he_init_leaves_the_global_random_state_alone():
     torch.manual_seed(1)
     before = torch.random.get_rng_state()
     check_he_init(he_init)
     assert torch.equal(before, torch.random.get_rng_state())
-
-
-def test_residual_scale(capsys):
-    for answer in (2**16, 4.7e4, torch.tensor(65536.0)):
-        check_residual_scale(answer)
-    assert capsys.readouterr().out.count("check_residual_scale: correct") == 3
-    for wrong, words in [(2.0**32, "growth of the variance"), (33, "added 1 per block"),
-                         (33**0.5, "unit variance"), (1.0, "preserves the scale"), (-1, "positive")]:
-        with pytest.raises(AssertionError, match=words):
-            check_residual_scale(wrong)
 
 
 # --- exercise 4: the std of the residual stream
@@ -196,24 +149,6 @@ def per_position(layers, x):
 
 def input_to_every_layer(layers, x):
     return [x.std()] + [layer(x).std() for layer in layers]
-
-
-def test_stream_std_accepts_the_right_answer(capsys):
-    for fn in (stream_std, stream_std_biased_floats, stream_std32):
-        check_stream_std(fn)
-    assert capsys.readouterr().out.count("check_stream_std: correct") == 3
-
-
-@pytest.mark.parametrize("wrong, words", [
-    (input_missing, "input's std is missing"),
-    (increments, "what each layer adds"),
-    (variances, "variances"),
-    (per_position, "averaged each position's std"),
-    (input_to_every_layer, "every layer got the input"),
-])
-def test_stream_std_names_the_mistake(wrong, words):
-    with pytest.raises(AssertionError, match=words):
-        check_stream_std(wrong)
 
 
 # --- exercise 5: the bug hunt, a pre-norm stack without its final LayerNorm
@@ -285,28 +220,45 @@ class PostNormLayers(FixedStack):
         self.layers = nn.ModuleList(Block(d_model, num_heads, d_ff, norm_first=False) for _ in range(num_layers))
 
 
-def test_pre_norm_stack_accepts_the_repair_in_float32_and_float64(capsys):
-    check_pre_norm_stack(FixedStack)
-    assert "correct, equal to nn.TransformerEncoder" in capsys.readouterr().out
-    check_pre_norm_stack(FixedStack64)
-    assert "in float64" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("wrong, words", [
-    (PreNormStack, "scale grows with depth: a pre-norm stack needs a final LayerNorm"),
-    (NormNotApplied, "needs a final LayerNorm"),
-    (NormAfterEveryLayer, "after every layer"),
-    (NormAtTheInput, "applied to the input"),
-    (NormWithoutParameters, "ignores the weight and bias"),
-    (PostNormLayers, "post-norm"),
-])
-def test_pre_norm_stack_names_the_mistake(wrong, words):
-    with pytest.raises(AssertionError, match=words):
-        check_pre_norm_stack(wrong)
-
-
 def test_pre_norm_stack_measures_the_growth():
     with pytest.raises(AssertionError) as err:
         check_pre_norm_stack(PreNormStack)
     low, high = (float(s.split(" with")[0]) for s in str(err.value).split("output: ")[1].split(", ")[:2])
     assert high > 2 * low
+
+
+GRADERS = [
+    grader_row(check_rms_norm, correct=[rms_norm, rms_norm32, lambda x, gamma, eps: nn.functional.rms_norm(x, (x.size(-1),), gamma, eps)], mistakes=[
+        (subtracted_the_mean, "subtracted the mean"),
+        (eps_outside_the_root, "eps outside the root"),
+        (divided_by_std, "divided by the standard deviation"),
+        (summed_not_averaged, "mean of the squares"),
+        (gamma_missing, "gamma missing"),
+    ], prints='check_rms_norm: correct'),
+    grader_row(check_he_init, correct=[he_init, he_init_uniform, he_init_returning_the_block], mistakes=[
+        (fan_out_mode, "mode='fan_out'"),
+        (relu_gain_everywhere, "use nonlinearity='linear' for linear2"),
+        (xavier, "Xavier"),
+        (biases_left, "bias is not zero"),
+        (not_in_place, "did not change"),
+    ], prints='check_he_init: correct scales'),
+    grader_row(check_stream_std, correct=[stream_std, stream_std_biased_floats, stream_std32], mistakes=[
+        (input_missing, "input's std is missing"),
+        (increments, "what each layer adds"),
+        (variances, "variances"),
+        (per_position, "averaged each position's std"),
+        (input_to_every_layer, "every layer got the input"),
+    ], prints='check_stream_std: correct'),
+    grader_row(check_residual_scale, correct=[2**16, 4.7e4, torch.tensor(65536.0)], prints="correct", mistakes=[
+        (2.0**32, "growth of the variance"), (33, "added 1 per block"), (33**0.5, "unit variance"),
+        (1.0, "preserves the scale"), (-1, "positive")]),
+    grader_row(check_pre_norm_stack, correct=[FixedStack], mistakes=[], prints="correct, equal to nn.TransformerEncoder"),
+    grader_row(check_pre_norm_stack, correct=[FixedStack64], prints="in float64", mistakes=[
+        (PreNormStack, "scale grows with depth: a pre-norm stack needs a final LayerNorm"),
+        (NormNotApplied, "needs a final LayerNorm"),
+        (NormAfterEveryLayer, "after every layer"),
+        (NormAtTheInput, "applied to the input"),
+        (NormWithoutParameters, "ignores the weight and bias"),
+        (PostNormLayers, "post-norm"),
+    ]),
+]

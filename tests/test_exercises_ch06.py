@@ -4,6 +4,7 @@ import copy
 
 import pytest
 import torch
+from helpers import grader_row
 
 from transformer_lib.exercises.encoder import (
     check_balance_d_ff,
@@ -47,23 +48,6 @@ def calls_the_layer(layer, x, mask):
     return layer(x, mask)
 
 
-def test_encoder_layer_solution_passes_in_float64_and_float32(capsys):
-    check_encoder_layer(my_encoder_layer)
-    check_encoder_layer(encoder_layer32)
-    assert capsys.readouterr().out.count("check_encoder_layer: all") == 2
-
-
-@pytest.mark.parametrize("answer, named", [
-    (forgot_the_mask, "ignores the padding mask"),
-    (always_post_norm, "other norm placement"),
-    (no_attention_residual, "without the residual connection around self-attention"),
-    (calls_the_layer, r"you called layer\(\.\.\.\)"),
-])
-def test_encoder_layer_mistakes_are_named(answer, named):
-    with pytest.raises(AssertionError, match=named):
-        check_encoder_layer(answer)
-
-
 # --- exercise 2: positions counted from the first real token
 
 def left_pad_positions(tokens, pad_id):
@@ -90,23 +74,6 @@ def float_positions(tokens, pad_id):
     return left_pad_positions(tokens, pad_id).float()
 
 
-def test_left_pad_positions_solution_passes(capsys):
-    check_left_pad_positions(left_pad_positions)
-    check_left_pad_positions(left_pad_positions_int32)
-    assert capsys.readouterr().out.count("check_left_pad_positions: correct") == 2
-
-
-@pytest.mark.parametrize("answer, named", [
-    (row_positions, "count from the start of the row, padding included"),
-    (count_from_one, "start at 1, not 0"),
-    (minus_the_pads, "subtract the number of pads, which is right only when all padding is on the left"),
-    (float_positions, "must be an integer tensor"),
-])
-def test_left_pad_positions_mistakes_are_named(answer, named):
-    with pytest.raises(AssertionError, match=named):
-        check_left_pad_positions(answer)
-
-
 # --- exercise 3: the d_ff at which attention and FFN hold equally many parameters
 
 def balance_d_ff(d):
@@ -129,25 +96,30 @@ def only_linear2(d):
     return (4 * d * d + 3 * d) / d
 
 
-def test_balance_solution_passes_also_as_a_float32_tensor(capsys):
-    check_balance_d_ff(balance_d_ff)
-    check_balance_d_ff(lambda d: torch.tensor(balance_d_ff(d), dtype=torch.float32))
-    assert capsys.readouterr().out.count("check_balance_d_ff: correct") == 2
-
-
-@pytest.mark.parametrize("answer, named", [
-    (forgot_the_biases, "without the biases"),
-    (counted_one_projection, "counts one projection of attention's four"),
-    (forgot_w_o, "forgets the output projection W_o"),
-    (only_linear2, "counts only linear2"),
-    (lambda d: 4 * d, "base model's d_ff"),
-    (lambda d: "1024", "expected a number"),
-])
-def test_balance_mistakes_are_named(answer, named):
-    with pytest.raises(AssertionError, match=named):
-        check_balance_d_ff(answer)
-
-
 def test_an_unrecognised_balance_reports_both_counts():
     with pytest.raises(AssertionError, match=r"off by \+1.*attention holds"):
         check_balance_d_ff(lambda d: balance_d_ff(d) + 1)
+
+
+GRADERS = [
+    grader_row(check_encoder_layer, correct=[my_encoder_layer, encoder_layer32], mistakes=[
+        (forgot_the_mask, "ignores the padding mask"),
+        (always_post_norm, "other norm placement"),
+        (no_attention_residual, "without the residual connection around self-attention"),
+        (calls_the_layer, r"you called layer\(\.\.\.\)"),
+    ], prints='check_encoder_layer: all'),
+    grader_row(check_left_pad_positions, correct=[left_pad_positions, left_pad_positions_int32], mistakes=[
+        (row_positions, "count from the start of the row, padding included"),
+        (count_from_one, "start at 1, not 0"),
+        (minus_the_pads, "subtract the number of pads, which is right only when all padding is on the left"),
+        (float_positions, "must be an integer tensor"),
+    ], prints='check_left_pad_positions: correct'),
+    grader_row(check_balance_d_ff, correct=[balance_d_ff, lambda d: torch.tensor(balance_d_ff(d), dtype=torch.float32)], mistakes=[
+        (forgot_the_biases, "without the biases"),
+        (counted_one_projection, "counts one projection of attention's four"),
+        (forgot_w_o, "forgets the output projection W_o"),
+        (only_linear2, "counts only linear2"),
+        (lambda d: 4 * d, "base model's d_ff"),
+        (lambda d: "1024", "expected a number"),
+    ], prints='check_balance_d_ff: correct'),
+]

@@ -2,6 +2,7 @@
 typical mistakes are caught with a message that names them."""
 import pytest
 import torch
+from helpers import Call, grader_row
 
 from transformer_lib.exercises.decoder import (
     check_future_mask,
@@ -35,22 +36,6 @@ def two_dimensional(tgt, pad_id):                          # (B, T): not the ran
     return tgt != pad_id
 
 
-def test_tgt_mask_solution_passes(capsys):
-    check_tgt_mask(my_tgt_mask)
-    assert "check_tgt_mask: correct" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("answer, named", [
-    (causal_only, "which is padding"),
-    (padding_only, "future position"),
-    (inverted, "inverted"),
-    (two_dimensional, "does not fit"),
-])
-def test_tgt_mask_mistakes_are_named(answer, named):
-    with pytest.raises(AssertionError, match=named):
-        check_tgt_mask(answer)
-
-
 # --- exercise 2: the parameter count
 
 def my_parameter_count(c):
@@ -76,22 +61,6 @@ def forgot_cross_attention(c):
     return my_parameter_count(c) - c.num_decoder_layers * (4 * d * d + 4 * d + 2 * d)
 
 
-def test_parameter_count_solution_passes(capsys):
-    check_parameter_count(my_parameter_count)
-    assert "check_parameter_count: exact" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("answer, named", [
-    (forgot_final_norms, "final LayerNorms"),
-    (forgot_biases, "biases"),
-    (forgot_cross_attention, "cross-attention"),
-    (lambda c: float(my_parameter_count(c)), "expected an int"),
-])
-def test_parameter_count_mistakes_are_named(answer, named):
-    with pytest.raises(AssertionError, match=named):
-        check_parameter_count(answer)
-
-
 # --- exercise 3: the pre-norm model equals nn.Transformer(norm_first=True)
 
 def small_config(**overrides):
@@ -105,33 +74,12 @@ def built(**overrides):
     return Transformer(small_config(**overrides)).double().eval()
 
 
-def test_pre_norm_model_passes_in_float64_float32_untied_and_as_a_config(capsys):
-    check_pre_norm(built())
-    check_pre_norm(built().float())
-    check_pre_norm(built(tie_embeddings=False, tgt_vocab_size=70))
-    check_pre_norm(small_config())
-    assert capsys.readouterr().out.count("check_pre_norm: your pre-norm Transformer equals") == 4
-
-
 def test_check_pre_norm_leaves_the_global_random_state_alone():
     torch.manual_seed(123)
     expected = torch.rand(3)
     torch.manual_seed(123)
     check_pre_norm(small_config())
     assert torch.equal(torch.rand(3), expected)
-
-
-@pytest.mark.filterwarnings("ignore:enable_nested_tensor")
-@pytest.mark.parametrize("answer, named", [
-    (lambda: built(norm_first=False), r"post-norm \(config.norm_first=False\)"),
-    (lambda: built(final_norm=False), r"no final norm \(config.final_norm=False\).*RMS"),
-    (lambda: built(dropout=0.1).train(), "dropout is active"),
-    (lambda: torch.nn.Transformer(32, 4, 2, 2, 64, batch_first=True, norm_first=True), "PyTorch's nn.Transformer"),
-    (lambda: "norm_first=True", "expected a Transformer"),
-])
-def test_pre_norm_mistakes_are_named(answer, named):
-    with pytest.raises(AssertionError, match=named):
-        check_pre_norm(answer())
 
 
 # --- exercise 4 (bug hunt): the causal mask off by one
@@ -160,27 +108,43 @@ def float_mask(T):                                         # an additive mask, n
     return torch.zeros(T, T).masked_fill(fixed_future_mask(T)[0, 0].logical_not(), float("-inf"))[None, None]
 
 
-def test_future_mask_solution_passes_also_as_a_2d_mask(capsys):
-    check_future_mask(fixed_future_mask)
-    check_future_mask(lambda T: torch.ones(T, T, dtype=torch.bool).tril())
-    assert capsys.readouterr().out.count("check_future_mask: correct") == 2
-
-
-@pytest.mark.parametrize("answer, named", [
-    (sees_the_next_token, "position 0 sees position 1: your mask leaks the next token"),
-    (cannot_see_itself, "position 0 cannot see itself.*attends to nothing"),
-    (forbidden_convention, "inverted"),
-    (sees_two_ahead, "position 0 sees position 2: your mask leaks the token 2 positions ahead"),
-    (float_mask, "must be bool"),
-    (lambda T: fixed_future_mask(T)[0], "expected"),
-])
-def test_future_mask_mistakes_are_named(answer, named):
-    with pytest.raises(AssertionError, match=named):
-        check_future_mask(answer)
-
-
 def test_a_mask_that_hides_the_past_is_named():
     def no_past(T):
         return torch.eye(T, dtype=torch.bool)[None, None]
     with pytest.raises(AssertionError, match="cannot see the earlier position"):
         check_future_mask(no_past)
+
+
+GRADERS = [
+    grader_row(check_tgt_mask, correct=[my_tgt_mask], mistakes=[
+        (causal_only, "which is padding"),
+        (padding_only, "future position"),
+        (inverted, "inverted"),
+        (two_dimensional, "does not fit"),
+    ], prints='check_tgt_mask: correct'),
+    grader_row(check_parameter_count, correct=[my_parameter_count], mistakes=[
+        (forgot_final_norms, "final LayerNorms"),
+        (forgot_biases, "biases"),
+        (forgot_cross_attention, "cross-attention"),
+        (lambda c: float(my_parameter_count(c)), "expected an int"),
+    ], prints='check_parameter_count: exact'),
+    grader_row(check_pre_norm, correct=[
+        Call(build=built), Call(build=lambda: built().float()),
+        Call(build=lambda: built(tie_embeddings=False, tgt_vocab_size=70)), Call(build=small_config),
+    ], mistakes=[
+        (Call(build=lambda: built(norm_first=False)), r"post-norm \(config.norm_first=False\)"),
+        (Call(build=lambda: built(final_norm=False)), r"no final norm \(config.final_norm=False\).*RMS"),
+        (Call(build=lambda: built(dropout=0.1).train()), "dropout is active"),
+        (Call(build=lambda: torch.nn.Transformer(32, 4, 2, 2, 64, batch_first=True, norm_first=True)),
+         "PyTorch's nn.Transformer"),
+        ("norm_first=True", "expected a Transformer"),
+    ], prints='check_pre_norm: your pre-norm Transformer equals'),
+    grader_row(check_future_mask, correct=[fixed_future_mask, lambda T: torch.ones(T, T, dtype=torch.bool).tril()], mistakes=[
+        (sees_the_next_token, "position 0 sees position 1: your mask leaks the next token"),
+        (cannot_see_itself, "position 0 cannot see itself.*attends to nothing"),
+        (forbidden_convention, "inverted"),
+        (sees_two_ahead, "position 0 sees position 2: your mask leaks the token 2 positions ahead"),
+        (float_mask, "must be bool"),
+        (lambda T: fixed_future_mask(T)[0], "expected"),
+    ], prints='check_future_mask: correct'),
+]

@@ -1,8 +1,8 @@
 """Chapter 9's graders (transformer_lib.exercises.complexity): the worked solutions pass, also as float32
 numbers, and typical mistakes are caught with a message that names them."""
 import numpy as np
-import pytest
 import torch
+from helpers import grader_row
 
 from transformer_lib.complexity import transformer_flops
 from transformer_lib.exercises.complexity import (
@@ -38,50 +38,10 @@ def only_q_k(B, n, d, d_ff):                               # weights V forgotten
     return encoder_layer_flops(B, n, d, d_ff) - 2 * B * n * n * d
 
 
-def test_encoder_layer_flops_solution_passes_also_as_a_tensor(capsys):
-    check_encoder_layer_flops(encoder_layer_flops)
-    check_encoder_layer_flops(lambda *a: torch.tensor(encoder_layer_flops(*a)))
-    assert capsys.readouterr().out.count("check_encoder_layer_flops: correct") == 2
-
-
-@pytest.mark.parametrize("answer, named", [
-    (multiplications_only, "half: a product"),
-    (no_n_squared_terms, "the n\\^2 terms .* are missing"),
-    (three_projections, "W_q, W_k, W_v and W_o make four"),
-    (no_ffn, "feed-forward network .* is missing"),
-    (only_q_k, "one of the two n\\^2 products is missing"),
-    (lambda *a: encoder_layer_flops(*a) + 1, "off by \\+1"),
-])
-def test_encoder_layer_flops_mistakes_are_named(answer, named):
-    with pytest.raises(AssertionError, match=named):
-        check_encoder_layer_flops(answer)
-
-
 # --- exercise 2: the crossover length
 
 def crossover_length(d_model, d_ff):
     return 2 * d_model + d_ff
-
-
-def test_crossover_solution_passes_also_as_float32(capsys):
-    check_crossover(crossover_length)
-    check_crossover(lambda d, f: np.float32(2 * d + f))
-    check_crossover(lambda d, f: torch.tensor(2.0 * d + f, dtype=torch.float32))
-    assert capsys.readouterr().out.count("check_crossover: correct") == 3
-
-
-@pytest.mark.parametrize("answer, named", [
-    (lambda d, f: f, "equals the FFN alone"),                       # the 2 d vs d_ff confusion: projections
-    (lambda d, f: 2 * d, "equals the four projections alone"),      # ... or the FFN forgotten
-    (lambda d, f: 6 * d, "right only for d_ff = 4 d_model"),
-    (lambda d, f: 4 * d + 2 * f, "counts only Q K\\^T"),
-    (lambda d, f: d + f, "2 FLOPs"),
-    (lambda d, f: 2 * f + d, "mixes up d_model and d_ff"),
-    (lambda d, f: None, "expected a number"),
-])
-def test_crossover_mistakes_are_named(answer, named):
-    with pytest.raises(AssertionError, match=named):
-        check_crossover(answer)
 
 
 # --- exercise 3: tokens per second
@@ -114,23 +74,32 @@ def seconds_per_token(config, B, S, T, F):
     return 1 / tokens_per_second(config, B, S, T, F)
 
 
-def test_tokens_per_second_solution_passes_also_unfused_and_float32(capsys):
-    check_tokens_per_second(tokens_per_second)
-    check_tokens_per_second(lambda c, B, S, T, F: B * T * F / transformer_flops(c, B, S, T, backward=True,
-                                                                                  fused=False))
-    check_tokens_per_second(lambda *a: torch.tensor(tokens_per_second(*a), dtype=torch.float32))
-    assert capsys.readouterr().out.count("check_tokens_per_second: correct") == 3
-
-
-@pytest.mark.parametrize("answer, named", [
-    (forward_only, "forward pass only"),
-    (backward_counted_twice, "multiplies by 3 twice"),
-    (source_tokens, "counts the source tokens"),
-    (both_sides, "counts source and target tokens"),
-    (per_sentence, "tokens of one sentence"),
-    (seconds_per_token, "seconds per token"),
-    (lambda *a: 1.5 * tokens_per_second(*a), "one step costs"),
-])
-def test_tokens_per_second_mistakes_are_named(answer, named):
-    with pytest.raises(AssertionError, match=named):
-        check_tokens_per_second(answer)
+GRADERS = [
+    grader_row(check_encoder_layer_flops, correct=[encoder_layer_flops, lambda *a: torch.tensor(encoder_layer_flops(*a))], mistakes=[
+        (multiplications_only, "half: a product"),
+        (no_n_squared_terms, "the n\\^2 terms .* are missing"),
+        (three_projections, "W_q, W_k, W_v and W_o make four"),
+        (no_ffn, "feed-forward network .* is missing"),
+        (only_q_k, "one of the two n\\^2 products is missing"),
+        (lambda *a: encoder_layer_flops(*a) + 1, "off by \\+1"),
+    ], prints='check_encoder_layer_flops: correct'),
+    grader_row(check_crossover, correct=[crossover_length, lambda d, f: np.float32(2 * d + f), lambda d, f: torch.tensor(2.0 * d + f, dtype=torch.float32)], mistakes=[
+        (lambda d, f: f, "equals the FFN alone"),
+        (lambda d, f: 2 * d, "equals the four projections alone"),
+        (lambda d, f: 6 * d, "right only for d_ff = 4 d_model"),
+        (lambda d, f: 4 * d + 2 * f, "counts only Q K\\^T"),
+        (lambda d, f: d + f, "2 FLOPs"),
+        (lambda d, f: 2 * f + d, "mixes up d_model and d_ff"),
+        (lambda d, f: None, "expected a number"),
+    ], prints='check_crossover: correct'),
+    grader_row(check_tokens_per_second, correct=[tokens_per_second, lambda c, B, S, T, F: B * T * F / transformer_flops(c, B, S, T, backward=True,
+                                                                                  fused=False), lambda *a: torch.tensor(tokens_per_second(*a), dtype=torch.float32)], mistakes=[
+        (forward_only, "forward pass only"),
+        (backward_counted_twice, "multiplies by 3 twice"),
+        (source_tokens, "counts the source tokens"),
+        (both_sides, "counts source and target tokens"),
+        (per_sentence, "tokens of one sentence"),
+        (seconds_per_token, "seconds per token"),
+        (lambda *a: 1.5 * tokens_per_second(*a), "one step costs"),
+    ], prints='check_tokens_per_second: correct'),
+]

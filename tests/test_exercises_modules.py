@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn as nn
+from helpers import grader_row
 
 from transformer_lib.encoder import EncoderLayer
 from transformer_lib.exercises.attention import copy_weights
@@ -96,25 +97,6 @@ class HeadsNotMerged(AnnotatedMHA):
         return scores.softmax(-1) @ V
 
 
-@pytest.mark.parametrize("cls", [BookMHA, Float32MHA, AnnotatedMHA])
-def test_multi_head_attention_accepts_correct_classes(cls, capsys):
-    check_multi_head_attention(cls)
-    assert "matches MultiHeadAttention in all 3 cases" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("cls, match", [
-    (MaskIgnored, "causal mask.*the mask is ignored"),
-    (InvertedMask, "the mask is inverted"),
-    (SqrtDModelScaling, r"divided by sqrt\(d_model\)"),
-    (Unscaled, "the scores are not scaled"),
-    (MissingWo, "W_o is missing"),
-    (HeadsNotMerged, r"\(B, h, n_q, d_k\), the heads not merged"),
-])
-def test_multi_head_attention_names_the_mistake(cls, match):
-    with pytest.raises(AssertionError, match=match):
-        check_multi_head_attention(cls)
-
-
 def test_the_grader_leaves_the_global_rng_alone():
     torch.manual_seed(1)
     want = torch.rand(3)
@@ -184,24 +166,6 @@ class LayerMaskIgnored(NanoBlock):
         return super().forward(x, None)
 
 
-@pytest.mark.parametrize("cls", [BookLayer, Float32Layer, NanoBlock])
-def test_encoder_layer_module_accepts_correct_classes(cls, capsys):
-    check_encoder_layer_module(cls)
-    assert "post-norm and pre-norm, with and without padding" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("cls, match", [
-    (AlwaysPreNorm, "other norm placement, pre-norm .* as norm_first=False asks"),
-    (PreNormWithoutOption, "give the constructor a norm_first argument"),
-    (NoAttentionResidual, "without the residual connection around self-attention"),
-    (NoFeedForward, "the feed-forward sub-layer is missing"),
-    (LayerMaskIgnored, "ignores the padding mask"),
-])
-def test_encoder_layer_module_names_the_mistake(cls, match):
-    with pytest.raises(AssertionError, match=match):
-        check_encoder_layer_module(cls)
-
-
 # --- copy_weights
 
 
@@ -228,3 +192,22 @@ def test_copy_weights_names_both_parameter_lists():
         copy_weights(MultiHeadAttention(8, 2), ThreeProjections(8, 2))
     with pytest.raises(AssertionError, match="cannot match your module's parameters"):
         check_multi_head_attention(ThreeProjections)
+
+
+GRADERS = [
+    grader_row(check_multi_head_attention, correct=[BookMHA, Float32MHA, AnnotatedMHA], mistakes=[
+        (MaskIgnored, "causal mask.*the mask is ignored"),
+        (InvertedMask, "the mask is inverted"),
+        (SqrtDModelScaling, r"divided by sqrt\(d_model\)"),
+        (Unscaled, "the scores are not scaled"),
+        (MissingWo, "W_o is missing"),
+        (HeadsNotMerged, r"\(B, h, n_q, d_k\), the heads not merged"),
+    ], prints='matches MultiHeadAttention in all 3 cases'),
+    grader_row(check_encoder_layer_module, correct=[BookLayer, Float32Layer, NanoBlock], mistakes=[
+        (AlwaysPreNorm, "other norm placement, pre-norm .* as norm_first=False asks"),
+        (PreNormWithoutOption, "give the constructor a norm_first argument"),
+        (NoAttentionResidual, "without the residual connection around self-attention"),
+        (NoFeedForward, "the feed-forward sub-layer is missing"),
+        (LayerMaskIgnored, "ignores the padding mask"),
+    ], prints='post-norm and pre-norm, with and without padding'),
+]

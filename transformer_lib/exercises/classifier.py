@@ -7,7 +7,7 @@ __all__ = ['check_pooling', 'check_cls_at_end', 'check_few_labels', 'check_class
 import torch
 
 from ..classifier import ClassifierConfig, SequenceClassifier, pool
-from .attention import close_to
+from .grading import close_to
 from .positional import check_learned_positions
 
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from ..attention import causal_mask, padding_mask
-from .attention import close_to
+from .grading import close_to
 from ..model import Transformer, TransformerConfig, transformer_to_torch
 from ..positional import sinusoidal_encoding
 

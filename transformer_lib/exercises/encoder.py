@@ -7,7 +7,7 @@ __all__ = ['check_encoder_layer', 'check_left_pad_positions', 'check_balance_d_f
 import torch
 
 from ..encoder import EncoderLayer
-from .attention import close_to
+from .grading import close_to
 
 
 def _encoder_layer_variant(layer, x, mask, norm_first, residual=(True, True), ffn=True):

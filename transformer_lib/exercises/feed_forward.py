@@ -7,7 +7,7 @@ __all__ = ['check_feed_forward', 'check_swiglu_width', 'check_swiglu', 'check_ke
 import torch
 import torch.nn.functional as F
 
-from .attention import close_to
+from .grading import close_to, number
 
 
 def _reference_ffn(x, W_1, b_1, W_2, b_2):
@@ -69,14 +69,6 @@ def check_feed_forward(fn, seed: int = 0) -> None:
     print("check_feed_forward: correct on inputs of shape (2, 5, 6) and (7, 6)")
 
 
-def _number(value, what):
-    """A reader's number (int, float, 0-d tensor or array) as a float; AssertionError when it is none."""
-    try:
-        return float(value)
-    except (TypeError, ValueError) as err:
-        raise AssertionError(f"{what} must be a number, got {type(value).__name__}") from err
-
-
 def check_swiglu_width(fn) -> None:
     """Test fn(d_model) -> the hidden width d_ff' at which a bias-free SwiGLU network, 3·d_model·d_ff' parameters,
     has as many as a bias-free ReLU network with d_ff = 4·d_model, 8·d_model² (so d_ff' = 8·d_model/3, unrounded).
@@ -104,7 +96,7 @@ def check_swiglu_width(fn) -> None:
             answer = fn(d)
         except Exception as err:
             raise AssertionError(f"swiglu_width({d}) raised {type(err).__name__}: {err}") from err
-        got = _number(answer, f"swiglu_width({d})")
+        got = number(answer, f"swiglu_width({d})")
         want = 8 * d / 3
         if abs(got - want) <= 1e-6 * want:                # float32 arithmetic is fine
             continue
@@ -223,7 +215,7 @@ def check_kernel_3(nonzero, num_layers) -> None:
         wrong_blocks = [(i, j) for i in range(n) for j in range(n) if got[i, j] != want[i, j]][:3]
         raise AssertionError(f"wrong blocks, e.g. (i, j) = {', '.join(map(str, wrong_blocks))}: block (i, j) is "
                              "non-zero exactly when y_i depends on x_j, that is when |i - j| <= 1")
-    layers = _number(num_layers, "num_layers")
+    layers = number(num_layers, "num_layers")
     answers = {
         3: "3 layers see 2·3 + 1 = 7 positions, but centred on the output: y_5 sees x_2 and up, never x_0. "
            "Each layer moves information by one position, and 0 is 5 away from 5",

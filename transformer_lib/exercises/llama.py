@@ -7,10 +7,7 @@ __all__ = ['check_rope', 'check_gqa_cache_bytes', 'check_online_merge', 'check_l
 import torch
 
 from ..llama import RotaryEmbedding
-
-
-def _close(a, b, tol=1e-4):
-    return isinstance(a, torch.Tensor) and a.shape == b.shape and bool(((a.double() - b.double()).abs() <= tol).all())
+from .grading import close_to
 
 
 def check_rope(fn) -> None:
@@ -24,7 +21,7 @@ def check_rope(fn) -> None:
         got = fn(x.clone(), offset)
         assert isinstance(got, torch.Tensor) and got.shape == x.shape, \
             f"return a tensor of x's shape {tuple(x.shape)}, got {getattr(got, 'shape', type(got).__name__)}"
-        if _close(got, want):
+        if close_to(got, want):
             continue
         half = d_k // 2
         theta = 10000.0 ** (-torch.arange(half).float() * 2 / d_k)
@@ -44,7 +41,7 @@ def check_rope(fn) -> None:
                  x2 * (m * theta.sqrt()).cos() + x1 * (m * theta.sqrt()).sin()], -1),
         }
         for message, wrong in mistakes.items():
-            if _close(got, wrong):
+            if close_to(got, wrong):
                 raise AssertionError(f"d_k={d_k}, offset={offset}: {message}")
         raise AssertionError(f"d_k={d_k}, offset={offset}: max difference from RoPE "
                              f"{(got.double() - want.double()).abs().max().item():.2e}")
@@ -116,14 +113,14 @@ def check_lora_merge(fn) -> None:
         if not isinstance(got, torch.Tensor) or got.shape != W.shape:
             raise AssertionError(f"return a tensor of W's shape {tuple(W.shape)}, got "
                                  f"{getattr(got, 'shape', type(got).__name__)}")
-        if _close(got, want):
+        if close_to(got, want):
             continue
         mistakes = {"the scale alpha / rank is missing": W + B @ A,
                     "the scale is alpha / rank, not alpha": W + alpha * B @ A}
         for message, wrong in mistakes.items():
-            if _close(got, wrong):
+            if close_to(got, wrong):
                 raise AssertionError(f"rank {rank}, alpha {alpha}: {message}")
-        if _close(got, W):
+        if close_to(got, W):
             raise AssertionError(f"rank {rank}, alpha {alpha}: the update B A is missing: W alone is returned")
         raise AssertionError(f"rank {rank}, alpha {alpha}: max difference "
                              f"{(got - want).abs().max().item():.2e} from W + (alpha / rank) B A")

@@ -12,24 +12,8 @@ import torch
 import torch.nn as nn
 
 from ..attention import causal_mask, scaled_dot_product_attention
-from .attention import close_to
+from .grading import call_reader, close_to, first_difference, grade, number
 from ..multi_head import MultiHeadAttention, copy_to_torch_mha
-
-
-def _call_reader(fn, name, *args):
-    try:
-        return fn(*args)
-    except Exception as error:  # the reader's code crashed: say which function and why
-        hint = ""
-        if isinstance(error, RuntimeError) and "view" in str(error):
-            hint = (" (after transpose the tensor is not contiguous in memory, so .view cannot flatten it: "
-                    "use .reshape(...) or .contiguous().view(...))")
-        raise AssertionError(f"{name} raised {type(error).__name__}: {error}{hint}") from error
-
-
-def _first_difference(got, want):
-    index = tuple(int(i) for i in (got != want).nonzero()[0])
-    return index, got[index].item(), want[index].item()
 
 
 def check_split_merge(split_heads, merge_heads):
@@ -43,7 +27,7 @@ def check_split_merge(split_heads, merge_heads):
         ref = MultiHeadAttention(d_model, h)
         x = torch.randn(B, n, d_model, generator=g, dtype=torch.float64)
         want = ref.split_heads(x)
-        got = _call_reader(split_heads, "split_heads", x, h)
+        got = call_reader(split_heads, "split_heads", x, h)
         call = f"split_heads(x of shape {tuple(x.shape)}, num_heads={h})"
         if not isinstance(got, torch.Tensor):
             raise AssertionError(f"{call} must return a tensor, got {type(got).__name__}")
@@ -62,13 +46,13 @@ def check_split_merge(split_heads, merge_heads):
                     f"{call}: heads interleaved. Head i must hold the contiguous block of features "
                     f"i*d_k ... (i+1)*d_k - 1; yours holds features i, i + h, i + 2h, ... . "
                     f"View as (B, n, h, d_k), not (B, n, d_k, h).")
-            (b, i, t, j), g_val, w_val = _first_difference(got, want)
+            (b, i, t, j), g_val, w_val = first_difference(got, want)
             raise AssertionError(f"{call}: head {i}, position {t}, feature {j} (batch {b}) should be "
                                  f"x[{b}, {t}, {i * d_k + j}] = {w_val:.4f}, got {g_val:.4f}")
 
         y = torch.randn(B, h, n, d_k, generator=g, dtype=torch.float64)
         want = ref.merge_heads(y)
-        got = _call_reader(merge_heads, "merge_heads", y)
+        got = call_reader(merge_heads, "merge_heads", y)
         call = f"merge_heads(x of shape {tuple(y.shape)})"
         if not isinstance(got, torch.Tensor):
             raise AssertionError(f"{call} must return a tensor, got {type(got).__name__}")
@@ -86,11 +70,11 @@ def check_split_merge(split_heads, merge_heads):
                     f"{call}: heads interleaved. Concat puts head 0's d_k features first, then head 1's, ...; "
                     f"yours puts feature 0 of every head first. Use .transpose(1, 2) -> (B, n, h, d_k), "
                     f"not .permute(0, 2, 3, 1).")
-            (b, t, f), g_val, w_val = _first_difference(got, want)
+            (b, t, f), g_val, w_val = first_difference(got, want)
             raise AssertionError(f"{call}: output[{b}, {t}, {f}] should be x[{b}, {f // d_k}, {t}, {f % d_k}] "
                                  f"(head {f // d_k}) = {w_val:.4f}, got {g_val:.4f}")
 
-        back = _call_reader(merge_heads, "merge_heads", _call_reader(split_heads, "split_heads", x, h))
+        back = call_reader(merge_heads, "merge_heads", call_reader(split_heads, "split_heads", x, h))
         if not torch.equal(back, x):
             raise AssertionError("merge_heads(split_heads(x, h)) must give back x exactly")
     print(f"check_split_merge: correct on {len(shapes)} shapes, and merge_heads(split_heads(x)) == x")
@@ -155,31 +139,14 @@ def check_heads_loop(fn, seed: int = 0) -> None:
                                          f"each head divides by sqrt(d_k) = {math.sqrt(d_model // h):g}, its own width"),
         (dict(bias=False, w_o="no bias"), "every bias is missing (W_q, W_k, W_v and W_o)"),
     ]
-    for where, (q, k, v, mask) in cases.items():
-        with torch.no_grad():
-            want = mha(q, k, v, mask)[0]                               # (B, n_q, d_model)
-            try:
-                got = fn(mha, q, k, v) if mask is None else fn(mha, q, k, v, mask)
-            except Exception as error:
-                raise AssertionError(f"{where}: your function raised {type(error).__name__}: {error}") from error
-        if isinstance(got, tuple):
-            got = got[0]
-        if not isinstance(got, torch.Tensor):
-            raise AssertionError(f"{where}: return the output tensor (B, n_q, d_model), got {type(got).__name__}")
-        if tuple(got.shape) != tuple(want.shape):
-            raise AssertionError(f"{where}: output shape {tuple(got.shape)}, expected (B, n_q, d_model) = "
-                                 f"{tuple(want.shape)} for query {tuple(q.shape)}, key {tuple(k.shape)}")
-        if close_to(got, want):
-            continue
-        with torch.no_grad():
-            if mask is not None and close_to(got, mha(q, k, v)[0]):
-                raise AssertionError(f"{where}: the mask is ignored; pass mask[:, 0] (B|1, n_q|1, n_k) to "
-                                     "scaled_dot_product_attention for every head")
-            for switches, message in slips:
-                if close_to(got, _heads_loop(mha, q, k, v, mask, **switches)):
-                    raise AssertionError(f"{where}: {message}")
-        diff = (got.detach().double() - want).abs().max().item()
-        raise AssertionError(f"{where}: your loop differs from MultiHeadAttention by up to {diff:.2g}")
+    mistakes = {message: (lambda q, k, v, mask, switches=switches: _heads_loop(mha, q, k, v, mask, **switches))
+                for switches, message in slips}
+    mistakes = {"the mask is ignored; pass mask[:, 0] (B|1, n_q|1, n_k) to scaled_dot_product_attention for "
+                "every head": lambda q, k, v, mask: None if mask is None else mha(q, k, v)[0], **mistakes}
+    with torch.no_grad():
+        grade(lambda q, k, v, mask: fn(mha, q, k, v) if mask is None else fn(mha, q, k, v, mask),
+              lambda q, k, v, mask: mha(q, k, v, mask)[0], cases, mistakes, name="your loop",
+              against="MultiHeadAttention", shape="(B, n_q, d_model) = ")
     print(f"check_heads_loop: your loop over heads equals MultiHeadAttention in all {len(cases)} cases")
 
 
@@ -194,14 +161,6 @@ def _kv_counts(d_model, num_heads, kv_heads):
     return sum(p.numel() for layer in layers for p in layer.parameters()), 2 * kv_heads * d_k   # keys + values
 
 
-def _as_count(value, what):
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise AssertionError(f"{what} must be a number, got {type(value).__name__}") from None
-    return number
-
-
 def check_kv_counts(fn) -> None:
     """Test a reader's fn(d_model, num_heads, kv_heads) -> (parameters, cached): the parameters of an attention
     layer (W_q, W_k, W_v, W_o, with biases) with num_heads query heads and kv_heads key/value heads of width
@@ -212,14 +171,11 @@ def check_kv_counts(fn) -> None:
     for d_model, h, kv in sizes:
         call = f"fn(d_model={d_model}, num_heads={h}, kv_heads={kv})"
         d_k = d_model // h
-        try:
-            got = fn(d_model, h, kv)
-        except Exception as error:
-            raise AssertionError(f"{call} raised {type(error).__name__}: {error}") from error
+        got = call_reader(fn, call, d_model, h, kv)
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             raise AssertionError(f"{call} must return two numbers (parameters, cached numbers per token), "
                                  f"got {got!r}")
-        params, cached = _as_count(got[0], f"{call}[0]"), _as_count(got[1], f"{call}[1]")
+        params, cached = number(got[0], f"{call}[0]"), number(got[1], f"{call}[1]")
         want_params, want_cached = _kv_counts(d_model, h, kv)
         if params != want_params:
             q_o = 2 * (d_model * d_model + d_model)
@@ -278,10 +234,7 @@ def check_min_mse(fn) -> None:
         b = 1 - a
         norm = a * a + b * b                                           # variance of the blend
         want = (b * b / norm, a * a / norm)
-        try:
-            got = fn(a)
-        except Exception as error:
-            raise AssertionError(f"fn(alpha={a}) raised {type(error).__name__}: {error}") from error
+        got = call_reader(fn, f"fn(alpha={a})", a)
         if not isinstance(got, (tuple, list, torch.Tensor)) or len(got) != 2:
             raise AssertionError(f"fn(alpha={a}) must return two numbers (MSE for target u, MSE for target v), "
                                  f"got {got!r}")

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from .attention import close_to
+from .grading import close_to
 from ..positional import sinusoidal_encoding
 
 

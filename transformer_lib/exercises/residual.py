@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from .attention import close_to
+from .grading import close_to
 from ..feed_forward import PositionwiseFeedForward
 from ..residual import LayerNorm
 

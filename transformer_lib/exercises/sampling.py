@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from .attention import close_to
+from .grading import close_to, number
 
 
 def _nucleus(logits, p):
@@ -53,26 +53,14 @@ def check_top_p(fn, trials: int = 20) -> None:
                              f"{should.sum(-1).tolist()}")
     print("check_top_p: correct on", trials, "random cases")
 
-def _number(x, what):
-    """float(x) for a Python number or a one-element tensor, with a clear message otherwise."""
-    try:
-        return float(x)
-    except (TypeError, ValueError, RuntimeError):
-        raise AssertionError(f"{what}: return one number (a float or a one-element tensor), got {type(x).__name__}") from None
-
-
-def _near(got, want, rel=1e-4):
-    return abs(got - want) <= rel * abs(want)
-
-
 def check_bits_per_byte(fn) -> None:
     """Test fn(nats_per_token, tokens_per_byte) -> bits per byte = nats_per_token * tokens_per_byte / ln 2 on a
     few (loss, tokenizer) pairs. Raises AssertionError naming the mistake; prints a verdict."""
     ln2 = math.log(2)
     for loss, per_byte in [(3.258, 0.369), (1.35, 0.999), (2.0, 0.25), (0.7, 1.6)]:
-        got = _number(fn(loss, per_byte), f"fn({loss}, {per_byte})")
+        got = number(fn(loss, per_byte), f"fn({loss}, {per_byte})")
         want = loss * per_byte / ln2
-        if _near(got, want):
+        if close_to(got, want):
             continue
         mistakes = {
             "nats, not bits: divide by ln 2 (one bit is ln 2 = 0.693 nats)": loss * per_byte,
@@ -82,7 +70,7 @@ def check_bits_per_byte(fn) -> None:
             "multiplied by ln 2: nats -> bits divides by ln 2": loss * per_byte * ln2,
             "log base 10: bits are log base 2, so divide by ln 2, not ln 10": loss * per_byte / math.log(10),
         }
-        named = [m for m, value in mistakes.items() if _near(got, value)]
+        named = [m for m, value in mistakes.items() if close_to(got, value)]
         if named:
             raise AssertionError(f"loss {loss} nats per token, {per_byte} tokens per byte: your {got:.4g} is "
                                  f"{named[0]}")
@@ -142,9 +130,9 @@ def check_kv_cache_bytes(fn) -> None:
     cases = [(3, 96, 6, 50, 4, 5), (5, 120, 10, 7, 8, 3), (12, 768, 12, 1024, 4, 1), (12, 768, 12, 1024, 2, 8)]
     wrong = None
     for L, d, h, t, nbytes, batch in cases:
-        got = _number(fn(L, d, h, t, nbytes, batch), f"fn{(L, d, h, t, nbytes, batch)}")
+        got = number(fn(L, d, h, t, nbytes, batch), f"fn{(L, d, h, t, nbytes, batch)}")
         want = 2 * L * d * t * nbytes * batch
-        if _near(got, want, 1e-9):
+        if close_to(got, want, scale=1e-5):                              # a count: to 1e-9
             continue
         mistakes = {
             "forgot the values (factor 2): every layer caches a key and a value vector per token": want / 2,
@@ -157,7 +145,7 @@ def check_kv_cache_bytes(fn) -> None:
             "forgot the layers: every layer keeps its own keys and values": want / L,
             "cached the queries too (factor 3): only keys and values are kept, a query is used once": want * 1.5,
         }
-        named = [m for m, value in mistakes.items() if _near(got, value, 1e-9)]
+        named = [m for m, value in mistakes.items() if close_to(got, value, scale=1e-5)]
         case = f"L={L}, d={d}, h={h}, t={t}, dtype_bytes={nbytes}, batch={batch}"
         if len(named) == 1:
             raise AssertionError(f"{case}: your {got:,.0f} bytes: {named[0]}")

@@ -7,7 +7,7 @@ __all__ = ['check_buckets', 'gelu_tanh', 'check_gated_ffn', 'check_new_buckets',
 import torch
 import torch.nn.functional as F
 
-from .attention import close_to
+from .grading import close_to
 from ..t5 import relative_position_bucket
 
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import close_to
+from .grading import close_to
 from ..validation import checked
 
 
