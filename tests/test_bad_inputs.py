@@ -53,6 +53,7 @@ BOOL = r"True or False"                  # check_bool
 FLOAT = r"float"                         # a floating-point tensor was expected / a dtype is named
 INTEGER = r"integer"                     # an integer tensor of token ids was expected
 BOOLMASK = r"bool"                       # masks are bool, True = may attend
+ALL5 = torch.ones(2, 1, 1, 5, dtype=torch.bool)    # a src_mask that attends to every position of a 5-token source
 FIT = r"does not fit|shape|axes"         # a mask or tensor of the wrong shape
 PADHINT = r"padding_mask"                # a 2-D (B, S) padding mask given to a module: points to padding_mask()
 VOCAB = r"vocab|outside"                 # token id out of range
@@ -268,10 +269,10 @@ def cache_reorder_matches(dt):
 
 def decode_cache_matches_full(dt):
     model, src, tgt = M("model", dt), ids(2, 5), ids(2, 4)
-    memory = model.encode(src)
+    memory, mask = model.encode(src), model.make_src_mask(src)
     cache = model.decoder.new_cache()
-    steps = torch.cat([model.decode(tgt[:, i:i + 1], memory, cache=cache) for i in range(4)], 1)
-    torch.testing.assert_close(steps, model.decode(tgt, memory))
+    steps = torch.cat([model.decode(tgt[:, i:i + 1], memory, mask, cache=cache) for i in range(4)], 1)
+    torch.testing.assert_close(steps, model.decode(tgt, memory, mask))
 
 
 def layer_norm_half(dt):
@@ -306,7 +307,7 @@ def no_future(dt, where):
         if where == "forward_padding_mask":
             return model(src, t, tgt_mask=att.padding_mask(t, PAD))
         if where == "decode":
-            return model.decode(t, memory)
+            return model.decode(t, memory, model.make_src_mask(src))
         x = rand(2, 6, D, dt=dt) + model.tgt_embed(t).detach()   # the layer and the stack see embeddings
         layer = M("dec_layer", dt) if where == "layer" else M("decoder", dt)
         return layer(x, memory[:, :, :D].detach())
@@ -392,10 +393,10 @@ def empty_decode(dt, fn, **kw):
 
 def kv_cache_matches_decode(dt):
     model, src, tgt = M("model", dt), ids(2, 5), ids(2, 4)
-    memory = model.encode(src)
-    cache = dcd.KVCache(model, memory)
+    memory, mask = model.encode(src), model.make_src_mask(src)
+    cache = dcd.KVCache(model, memory, mask)
     steps = torch.stack([cache.step(tgt[:, i]) for i in range(4)], 1)
-    torch.testing.assert_close(steps, model.generator(model.decode(tgt, memory)))
+    torch.testing.assert_close(steps, model.generator(model.decode(tgt, memory, mask)))
 
 
 def checkpoint_round_trip():
@@ -668,11 +669,12 @@ TENSOR_CASES = [
     ("model/tgt_mask-wrong-T", lambda dt: M("model", dt)(ids(2, 5), ids(2, 4), tgt_mask=att.padding_mask(ids(2, 3), PAD)), err("tgt_mask", FIT)),
     ("model/encode-float-src", lambda dt: M("model", dt).encode(torch.ones(2, 5, dtype=dt)), err("src", INTEGER)),
     ("model/encode-src_mask-float", lambda dt: M("model", dt).encode(ids(2, 5), torch.ones(2, 1, 1, 5)), err("src_mask", BOOLMASK)),
-    ("model/decode-memory-wrong-d", lambda dt: M("model", dt).decode(ids(2, 4), t(dt, 2, 5, D + 2)), err("memory", "d_model")),
-    ("model/decode-memory-batch", lambda dt: M("model", dt).decode(ids(2, 4), t(dt, 3, 5, D)), err("memory", "batch|B")),
-    ("model/decode-mixed-memory", lambda dt: M("model", dt).decode(ids(2, 4), t(other(dt), 2, 5, D)), err("memory", FLOAT)),
-    ("model/decode-tgt-id>=V", lambda dt: M("model", dt).decode(ids(2, 4) + V, t(dt, 2, 5, D)), err("tgt", VOCAB)),
-    ("model/decode-cache-str", lambda dt: M("model", dt).decode(ids(2, 1), t(dt, 2, 5, D), cache="x"), err("cache", "new_cache")),
+    ("model/decode-src_mask-None", lambda dt: M("model", dt).decode(ids(2, 4), t(dt, 2, 5, D), None), err("src_mask", "make_src_mask")),
+    ("model/decode-memory-wrong-d", lambda dt: M("model", dt).decode(ids(2, 4), t(dt, 2, 5, D + 2), ALL5), err("memory", "d_model")),
+    ("model/decode-memory-batch", lambda dt: M("model", dt).decode(ids(2, 4), t(dt, 3, 5, D), ALL5), err("memory", "batch|B")),
+    ("model/decode-mixed-memory", lambda dt: M("model", dt).decode(ids(2, 4), t(other(dt), 2, 5, D), ALL5), err("memory", FLOAT)),
+    ("model/decode-tgt-id>=V", lambda dt: M("model", dt).decode(ids(2, 4) + V, t(dt, 2, 5, D), ALL5), err("tgt", VOCAB)),
+    ("model/decode-cache-str", lambda dt: M("model", dt).decode(ids(2, 1), t(dt, 2, 5, D), ALL5, cache="x"), err("cache", "new_cache")),
     ("model/ok-decode-cache-equals-full", decode_cache_matches_full, OK),
     ("model/ok-forward-never-sees-future", lambda dt: no_future(dt, "forward"), OK),
     ("model/ok-padding-tgt_mask-never-sees-future", lambda dt: no_future(dt, "forward_padding_mask"), OK),
@@ -727,12 +729,12 @@ TENSOR_CASES = [
     ("kvcache/src_mask-float", lambda dt: dcd.KVCache(M("model", dt), t(dt, 2, 5, D), torch.ones(2, 1, 1, 5, dtype=dt)), err("src_mask", BOOLMASK)),
     ("kvcache/src_mask-01-long", lambda dt: dcd.KVCache(M("model", dt), t(dt, 2, 5, D), torch.ones(2, 1, 1, 5, dtype=torch.long)), err("src_mask", BOOLMASK)),
     ("kvcache/src_mask-2d", lambda dt: dcd.KVCache(M("model", dt), t(dt, 2, 5, D), bmask(2, 5)), err("src_mask", PADHINT)),
-    ("kvcache/memory-wrong-d", lambda dt: dcd.KVCache(M("model", dt), t(dt, 2, 5, D + 2)), err("memory", "d_model")),
-    ("kvcache/mixed-memory", lambda dt: dcd.KVCache(M("model", dt), t(other(dt), 2, 5, D)), err("memory", FLOAT)),
-    ("kvcache/step-float-tokens", lambda dt: dcd.KVCache(M("model", dt), t(dt, 2, 5, D)).step(torch.ones(2, dtype=dt)), err("tokens", INTEGER)),
-    ("kvcache/step-id>=V", lambda dt: dcd.KVCache(M("model", dt), t(dt, 2, 5, D)).step(torch.full((2,), V)), err("tokens", VOCAB)),
-    ("kvcache/step-batch", lambda dt: dcd.KVCache(M("model", dt), t(dt, 2, 5, D)).step(ids(3)), err("tokens", "batch|B")),
-    ("kvcache/reorder-out-of-range", lambda dt: dcd.KVCache(M("model", dt), t(dt, 2, 5, D)).reorder(torch.tensor([7])), err("index", r"\[0|range|batch")),
+    ("kvcache/memory-wrong-d", lambda dt: dcd.KVCache(M("model", dt), t(dt, 2, 5, D + 2), torch.ones(2, 1, 1, 5, dtype=torch.bool)), err("memory", "d_model")),
+    ("kvcache/mixed-memory", lambda dt: dcd.KVCache(M("model", dt), t(other(dt), 2, 5, D), torch.ones(2, 1, 1, 5, dtype=torch.bool)), err("memory", FLOAT)),
+    ("kvcache/step-float-tokens", lambda dt: dcd.KVCache(M("model", dt), t(dt, 2, 5, D), torch.ones(2, 1, 1, 5, dtype=torch.bool)).step(torch.ones(2, dtype=dt)), err("tokens", INTEGER)),
+    ("kvcache/step-id>=V", lambda dt: dcd.KVCache(M("model", dt), t(dt, 2, 5, D), torch.ones(2, 1, 1, 5, dtype=torch.bool)).step(torch.full((2,), V)), err("tokens", VOCAB)),
+    ("kvcache/step-batch", lambda dt: dcd.KVCache(M("model", dt), t(dt, 2, 5, D), torch.ones(2, 1, 1, 5, dtype=torch.bool)).step(ids(3)), err("tokens", "batch|B")),
+    ("kvcache/reorder-out-of-range", lambda dt: dcd.KVCache(M("model", dt), t(dt, 2, 5, D), torch.ones(2, 1, 1, 5, dtype=torch.bool)).reorder(torch.tensor([7])), err("index", r"\[0|range|batch")),
     ("greedy/ok-model-in-training-mode", lambda dt: decodes_in_eval_mode(dcd.greedy_decode, dt), OK),
     ("beam/ok-model-in-training-mode", lambda dt: decodes_in_eval_mode(dcd.beam_search, dt), OK),
     ("kvcache/ok-matches-decode", kv_cache_matches_decode, OK),
@@ -1122,7 +1124,7 @@ PLAIN_CASES = [
     ("length_penalty/negative-tensor", lambda: dcd.length_penalty(torch.tensor([2.0, -9.0])), err("length", r"0|non-negative|>=")),
     ("length_penalty/ok-one", lambda: None if dcd.length_penalty(1, 0.6) == 1.0 and dcd.length_penalty(7, 0.0) == 1.0 else pytest.fail("lp"), OK),
     ("length_penalty/ok-tensor", lambda: torch.testing.assert_close(dcd.length_penalty(torch.tensor([1.0, 7.0]), 1.0), torch.tensor([1.0, 2.0])), OK),
-    ("KVCache/training-model", lambda: dcd.KVCache(M("model").train(), torch.zeros(2, 5, D)), err("model", "eval")),
+    ("KVCache/training-model", lambda: dcd.KVCache(M("model").train(), torch.zeros(2, 5, D), torch.ones(2, 1, 1, 5, dtype=torch.bool)), err("model", "eval")),
     ("edit_distance/not-sequence", lambda: dcd.edit_distance(5, "a"), err("a", "str|sequence")),
     ("edit_distance/ok", lambda: None if dcd.edit_distance("kitten", "sitting") == 3 and dcd.edit_distance("", "abc") == 3 else pytest.fail("distance"), OK),
     ("evaluate_translations/empty", lambda: dcd.evaluate_translations([], []), err("references|hypotheses", "at least one")),

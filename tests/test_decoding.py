@@ -137,13 +137,15 @@ def test_kv_cache_errors():
     src, mask = random_source()
     memory = model.encode(src, mask)
     with pytest.raises(ValueError, match="eval"):
-        KVCache(random_model().train(), memory)
+        KVCache(random_model().train(), memory, mask)
     with pytest.raises(ValueError, match="^src_mask must be a bool tensor"):
         KVCache(model, memory, mask.double())                  # a 0/1 float mask would be an additive bias
     with pytest.raises(ValueError, match=r"^src_mask of shape \(4, 7\) does not fit"):
         KVCache(model, memory, mask[:, 0, 0])                  # a (B, S) padding mask
     with pytest.raises(ValueError, match="^memory must be"):
         KVCache(model, memory[0], mask)
+    with pytest.raises(ValueError, match="^src_mask is required"):
+        KVCache(model, memory, None)
     cache = KVCache(model, memory, mask)
     with pytest.raises(ValueError, match="^tokens must"):
         cache.step(torch.ones(4, 1, dtype=torch.long))

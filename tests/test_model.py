@@ -19,6 +19,7 @@ from transformer_lib.multi_head import attention_maps
 from transformer_lib.positional import sinusoidal_encoding
 
 DT = torch.float64
+ALL4 = torch.ones(2, 1, 1, 4, dtype=torch.bool)          # every memory position of a (2, 4) source
 ATOL = 1e-12
 
 
@@ -175,8 +176,8 @@ def test_no_leakage_through_decode_with_tgt_mask_none():
     changed = tgt.clone()
     changed[:, -1] = (changed[:, -1] % 49) + 1                    # only the last target token differs
     with torch.no_grad():
-        memory = model.encode(src)
-        a, b = model.decode(tgt, memory), model.decode(changed, memory)
+        memory, keep = model.encode(src), model.make_src_mask(src)
+        a, b = model.decode(tgt, memory, keep), model.decode(changed, memory, keep)
     assert torch.equal(a[:, :-1], b[:, :-1])
     assert (a[:, -1] - b[:, -1]).abs().max() > 1e-6               # the test can fail: the last position did change
     with torch.no_grad():                                         # make_tgt_mask (padding & causal): the same
@@ -258,7 +259,7 @@ def test_dropout_only_in_training():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"src_vocab_size": 50, "tgt_vocab_size": 60}, "tie_embeddings=True needs one shared vocabulary"),
-    ({"num_heads": 5}, r"d_model \(32\) must be divisible by num_heads \(5\)"),
+    ({"num_heads": 5}, r"d_model=32 must be divisible by num_heads=5"),
     ({"num_encoder_layers": 0}, "num_encoder_layers must be an int >= 1, got 0"),
     ({"num_decoder_layers": True}, "num_decoder_layers must be an int >= 1, got bool True"),
     ({"d_model": 33, "num_heads": 3}, "even"),
@@ -287,16 +288,17 @@ def test_input_errors():
         (lambda: model.encode(torch.tensor([[1, 50]])), "src holds token ids from 1 to 50, outside the vocabulary"),
         (lambda: model(good, torch.tensor([[-1, 2, 3, 4], [1, 2, 3, 4]])), "tgt holds token ids from -1"),
         (lambda: model(good, torch.zeros(3, 4, dtype=torch.long)), "src and tgt must have the same batch size"),
-        (lambda: model.decode(good, torch.zeros(3, 4, 32)), r"memory must have shape \(B=2, S, d_model=32\)"),
-        (lambda: model.decode(good, torch.zeros(2, 4, 16)), r"memory must be a tensor of shape \(B=2, S, d_model=32\)"),
-        (lambda: model.decode(good, torch.zeros(2, 4, 32, dtype=DT)), "memory is torch.float64 but the model"),
-        (lambda: model.decode(good, torch.zeros(2, 4, 32, dtype=torch.long)), "memory must be a floating-point"),
+        (lambda: model.decode(good, torch.zeros(3, 4, 32), ALL4), r"memory must have shape \(B=2, S, d_model=32\)"),
+        (lambda: model.decode(good, torch.zeros(2, 4, 16), ALL4), r"memory must be a tensor of shape \(B=2, S, d_model=32\)"),
+        (lambda: model.decode(good, torch.zeros(2, 4, 32, dtype=DT), ALL4), "memory is torch.float64 but the model"),
+        (lambda: model.decode(good, torch.zeros(2, 4, 32, dtype=torch.long), ALL4), "memory must be a floating-point"),
         (lambda: model(good, good, tgt_mask=causal_mask(3)), r"tgt_mask of shape \(3, 3\) does not fit"),
         (lambda: model(good, good, tgt_mask=causal_mask(4)), r"tgt_mask of shape \(4, 4\) .*mask\[None, None\]"),
         (lambda: model(good, good, src_mask=good != 0), r"src_mask of shape \(2, 4\) .*padding_mask"),
         (lambda: model(good, good[:, :3], src_mask=model.make_tgt_mask(good)), r"src_mask .*\(B, h, T, S\)"),
         (lambda: model(good, good, src_mask=(good != 0).float()[:, None, None]), "src_mask must be a bool tensor"),
-        (lambda: model.decode(good, torch.zeros(2, 4, 32), cache=[]), "cache must come from Decoder.new_cache"),
+        (lambda: model.decode(good, torch.zeros(2, 4, 32), ALL4, cache=[]), "cache must come from Decoder.new_cache"),
+        (lambda: model.decode(good, torch.zeros(2, 4, 32), None), "src_mask is required: decode does not see"),
     ]
     for call, match in cases:
         with pytest.raises(ValueError, match=match):

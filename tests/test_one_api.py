@@ -6,7 +6,7 @@ The convention (CONTRIBUTING.md, "One API across the families"):
   is `mask`;
 - `mask=None` / `src_mask=None` at a model's door masks the padding of the token ids that call reads
   (`config.pad_id`); GPT has no padding token, so its `None` is the causal mask alone; `tgt_mask=None` adds nothing
-  to the decoder's causal mask; `decode(..., src_mask=None)` sees no source tokens and attends to all of memory;
+  to the decoder's causal mask; `decode(tgt, memory, src_mask)`, which sees no source tokens, requires its mask;
 - a model returns one tensor: a model with a head its logits, a body (`encode`, `decode`, `BertModel`) its
   hidden states; attention weights are handed back by `attention_maps(model)`, never stored;
 - every encoder-decoder decodes through Chapter 8's `greedy_decode` / `beam_search` and its KV cache.
@@ -108,9 +108,11 @@ def test_src_mask_none_masks_the_padding_in_forward_and_encode(family):
         assert torch.equal(model.encode(src), model.encode(src, explicit))
         # the test can fail: attending to the padding changes the padded rows
         assert not torch.allclose(model(src, tgt)[1:], model(src, tgt, everything)[1:])
-        # decode sees no source tokens: None there attends to every memory position
+        # decode sees no source tokens: it cannot mask their padding, so its src_mask is required
         memory = model.encode(src)
-        assert torch.equal(model.decode(tgt, memory), model.decode(tgt, memory, everything))
+        with pytest.raises(ValueError, match="src_mask is required"):
+            model.decode(tgt, memory, None)
+        assert torch.equal(model.generator(model.decode(tgt, memory, explicit)), model(src, tgt))
 
 
 @pytest.mark.parametrize("model_fn", [lambda: BertModel(bert_config()), lambda: BertForMaskedLM(bert_config()),
@@ -149,10 +151,10 @@ def test_every_model_returns_one_tensor():
     cases = {
         "Transformer": (lambda m: m(src, tgt), transformer(), (2, 4, V)),
         "Transformer.encode": (lambda m: m.encode(src), transformer(), (2, 6, 16)),
-        "Transformer.decode": (lambda m: m.decode(tgt, m.encode(src)), transformer(), (2, 4, 16)),
+        "Transformer.decode": (lambda m: m.decode(tgt, m.encode(src), m.make_src_mask(src)), transformer(), (2, 4, 16)),
         "T5": (lambda m: m(src, tgt), t5(), (2, 4, V)),
         "T5.encode": (lambda m: m.encode(src), t5(), (2, 6, 16)),
-        "T5.decode": (lambda m: m.decode(tgt, m.encode(src)), t5(), (2, 4, 16)),
+        "T5.decode": (lambda m: m.decode(tgt, m.encode(src), m.make_src_mask(src)), t5(), (2, 4, 16)),
         "GPT": (lambda m: m(x), gpt(), (2, 6, V)),
         "BertModel": (lambda m: m(x), BertModel(bert_config()).to(DT).eval(), (2, 6, 16)),
         "BertModel.pool": (lambda m: m.pool(m(x)), BertModel(bert_config()).to(DT).eval(), (2, 16)),

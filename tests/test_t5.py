@@ -868,4 +868,5 @@ def test_t5_has_the_transformers_encode_decode_generator_api():
         hidden = model.decode(tgt, memory, mask)
         assert hidden.shape == (2, 4, model.config.d_model)
         assert torch.equal(model.generator(hidden), model(src, tgt))
-        assert max_diff(model.generator(model.decode(tgt, memory)), model(src, tgt)) > 1e-6   # None: no mask
+        with pytest.raises(ValueError, match="src_mask is required"):                      # no silent 'no mask'
+            model.decode(tgt, memory, None)

@@ -19,8 +19,8 @@ from .encoder import Encoder
 from .feed_forward import ACTIVATIONS
 from .residual import LayerNorm
 from .hf import from_pretrained, hf_state_dict, load_by_names, save_by_names
-from .validation import (check_bool, check_float, check_int, check_mask, check_probability,
-                                        check_tensor, check_token_ids, checked, checks_due, describe, lookup)
+from .validation import (check_bool, check_config, check_float, check_int, check_mask, check_tensor,
+                                        check_token_ids, checked, checks_due, describe, lookup)
 
 # %% ../chapters/10_encoder_only.ipynb #c031
 @dataclasses.dataclass
@@ -42,15 +42,9 @@ class BertConfig:
     init_std: float = 0.02            # the weights' initial std (initializer_range in Hugging Face)
 
     def __post_init__(self):
-        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "max_len", "type_vocab_size"):
-            check_int(name, getattr(self, name))
-        check_probability("dropout", self.dropout)
-        check_float("eps", self.eps, 0.0, math.inf, low_open=True, high_open=True)   # inf: the output = the bias
+        check_config(self, ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "max_len", "type_vocab_size"),
+                     token_ids=("pad_id",))
         check_float("init_std", self.init_std, 0.0, math.inf, high_open=True)
-        if check_int("pad_id", self.pad_id, 0) >= self.vocab_size:
-            raise ValueError(f"pad_id must lie in [0, vocab_size) = [0, {self.vocab_size}), got {self.pad_id}")
-        if self.d_model % self.num_heads:
-            raise ValueError(f"d_model={self.d_model} must be divisible by num_heads={self.num_heads}")
 
     @classmethod
     def from_hf(cls, hf_config) -> "BertConfig":

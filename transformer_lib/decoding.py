@@ -100,19 +100,21 @@ class KVCache:
     Each layer's MultiHeadAttention appends that token's keys and values to its self-attention cache and
     attends over all cached positions; the cross-attention projects the memory to keys and values once, on the
     first step, and reuses them. So it is Transformer.decode itself, one position at a time, not a copy of it.
-    memory (B, S, d_model) from model.encode; src_mask bool (B|1, 1, 1, S) or None (every memory position).
+    memory (B, S, d_model) from model.encode; src_mask bool (B|1, 1, 1, S), e.g. model.make_src_mask(src).
     Needs model.eval(). model: any encoder-decoder with this API (encode, decode(..., cache=), generator,
     decoder.new_cache(), config.tgt_vocab_size): the Transformer, and Chapter 12's T5."""
 
-    def __init__(self, model, memory, src_mask=None):
+    def __init__(self, model, memory, src_mask):
         if model.training:
             raise ValueError("model is in training mode (dropout would be applied): call model.eval() before decoding")
         d_model = model.config.d_model
         check_tensor("memory", memory, dim=3, last=d_model, floating=True, shape_text=f"(B, S, d_model={d_model})")
         check_same_dtype("the model", next(model.decoder.parameters()), memory=memory)
         B, S = memory.shape[:2]
-        if src_mask is not None:
-            check_mask("src_mask", src_mask, (B, model.config.num_heads, 1, S), "(B, h, 1, S) (one new token's)")
+        if src_mask is None:
+            raise ValueError("src_mask is required: the cache does not see the source's tokens; pass "
+                             "model.make_src_mask(src), or torch.ones(B, 1, 1, S, dtype=torch.bool) for every position")
+        check_mask("src_mask", src_mask, (B, model.config.num_heads, 1, S), "(B, h, 1, S) (one new token's)")
         self.model, self.memory, self.src_mask = model, memory, src_mask
         self.layers = model.decoder.new_cache()          # per decoder layer: (self-attention, cross-attention)
 
@@ -139,7 +141,7 @@ class KVCache:
             self_cache.reorder(index)
             cross_cache.reorder(index)
         self.memory = self.memory[index]
-        if self.src_mask is not None and self.src_mask.size(0) > 1:
+        if self.src_mask.size(0) > 1:
             self.src_mask = self.src_mask[index]
 
 # %% ../chapters/08_training.ipynb #c050

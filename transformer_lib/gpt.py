@@ -21,7 +21,7 @@ from .decoder import DecoderLayer
 from .hf import HFTensor, from_pretrained, hf_state_dict, load_by_names, save_by_names
 from .residual import LayerNorm
 from .training import inference
-from .validation import (check_float, check_int, check_mask, check_position_ids, check_probability,
+from .validation import (check_config, check_float, check_int, check_mask, check_position_ids,
                                         check_tensor, check_token_ids, checked, checks_due, describe, lookup)
 
 # %% ../chapters/11_decoder_only.ipynb #c007
@@ -66,12 +66,7 @@ class GPTConfig:
     eps: float = 1e-5                   # LayerNorm's epsilon
 
     def __post_init__(self):
-        for name in ("vocab_size", "max_len", "d_model", "num_layers", "num_heads", "d_ff"):
-            check_int(name, getattr(self, name))
-        check_probability("dropout", self.dropout)
-        check_float("eps", self.eps, 0.0, math.inf, low_open=True, high_open=True)   # inf: the output = the bias
-        if self.d_model % self.num_heads:
-            raise ValueError(f"d_model={self.d_model} must be divisible by num_heads={self.num_heads}")
+        check_config(self, ("vocab_size", "max_len", "d_model", "num_layers", "num_heads", "d_ff"))
 
     @classmethod
     def from_hf(cls, hf_config) -> "GPTConfig":

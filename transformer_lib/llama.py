@@ -15,8 +15,8 @@ from .decoder import DecoderLayer
 from .gpt import decoder_door
 from .hf import hf_state_dict, load_by_names, save_by_names
 from .t5 import RMSNorm
-from .validation import (check_bool, check_float, check_int, check_mask, check_position_ids,
-                                        check_probability, check_same_dtype, check_tensor, checked, checks_due,
+from .validation import (check_bool, check_config, check_float, check_int, check_mask,
+                                        check_position_ids, check_same_dtype, check_tensor, checked, checks_due,
                                         describe, lookup)
 
 # %% ../chapters/14_modern_decoder.ipynb #c008
@@ -82,8 +82,8 @@ class LlamaConfig:
     dropout: float = 0.0
 
     def __post_init__(self):
-        for name in ("vocab_size", "max_len", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff"):
-            check_int(name, getattr(self, name))
+        check_config(self, ("vocab_size", "max_len", "d_model", "num_layers", "num_heads", "num_kv_heads", "d_ff"),
+                     flags=("tie_embeddings",), heads=False)
         if self.d_model % self.num_heads or (self.d_model // self.num_heads) % 2:
             raise ValueError(f"d_model={self.d_model} must split into num_heads={self.num_heads} heads of an even "
                              f"width d_k (RoPE rotates pairs of features)")
@@ -91,10 +91,7 @@ class LlamaConfig:
             raise ValueError(f"num_heads={self.num_heads} must be divisible by num_kv_heads={self.num_kv_heads}")
         if self.sliding_window is not None:
             check_int("sliding_window", self.sliding_window)
-        check_float("eps", self.eps, 0.0, math.inf, low_open=True, high_open=True)
         check_float("rope_base", self.rope_base, 1.0, math.inf, low_open=True, high_open=True)
-        check_bool("tie_embeddings", self.tie_embeddings)
-        check_probability("dropout", self.dropout)
 
     @classmethod
     def from_hf(cls, hf_config) -> "LlamaConfig":

@@ -20,10 +20,11 @@ from .decoder import Decoder
 from .decoding import greedy_decode
 from .encoder import Encoder
 from .feed_forward import PositionwiseFeedForward
+from .model import decode_door
 from .hf import hf_state_dict, load_by_names, save_by_names
 from .multi_head import MultiHeadAttention
-from .validation import (check_attn_bias, check_bool, check_float, check_int, check_mask,
-                                        check_probability, check_same_dtype, check_tensor, checked, checks_due, describe,
+from .validation import (check_attn_bias, check_bool, check_config, check_float, check_int,
+                                        check_mask, check_same_dtype, check_tensor, checked, checks_due, describe,
                                         lookup)
 
 # %% ../chapters/12_t5_and_vit.ipynb #c006
@@ -163,23 +164,16 @@ class T5Config:
     eos_id: int = 1
 
     def __post_init__(self):
-        for name in ("vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "num_decoder_layers"):
-            check_int(name, getattr(self, name))
+        check_config(self, ("vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "num_decoder_layers"),
+                     token_ids=("pad_id", "eos_id"))
         check_int("num_buckets", self.num_buckets, 4)
         if check_int("max_distance", self.max_distance, 2) <= self.num_buckets // 2:
             raise ValueError(f"max_distance must exceed num_buckets // 2 = {self.num_buckets // 2} (the decoder's "
                              f"exact distances), got {self.max_distance}")
-        check_probability("dropout", self.dropout)
-        check_float("eps", self.eps, low_open=True)
-        for name in ("pad_id", "eos_id"):
-            if check_int(name, getattr(self, name), 0) >= self.vocab_size:
-                raise ValueError(f"{name} must lie in [0, vocab_size) = [0, {self.vocab_size}), got {getattr(self, name)}")
         if self.pad_id == self.eos_id:
             raise ValueError(f"pad_id and eos_id must differ, got both {self.pad_id}: the default mask "
                              f"(src != pad_id) would hide every end-of-sequence token, and t5_generate "
                              f"could not tell a finished row from a running one")
-        if self.d_model % self.num_heads:
-            raise ValueError(f"d_model={self.d_model} must be divisible by num_heads={self.num_heads}")
 
     @property
     def tgt_vocab_size(self) -> int:
@@ -280,28 +274,17 @@ class T5(nn.Module):
             bias = self.encoder_bias(S, S)                                    # (1, h, S, S), every layer
             return self.dropout(self.encoder(x, src_mask, attn_bias=bias))   # (B, S, d_model)
 
-    def decode(self, tgt, memory, src_mask=None, tgt_mask=None, cache=None):
+    def decode(self, tgt, memory, src_mask, tgt_mask=None, cache=None):
         """-> hidden states (B, T, d_model) for every position of tgt, before generator.
-        src_mask: the source mask for cross-attention, (B|1, h|1, T|1, S); None attends to every memory position
-        (decode does not see the source's tokens: pass make_src_mask(src), as forward and Chapter 8's decoders do).
+        src_mask: the source mask for cross-attention, (B|1, h|1, T|1, S), required: decode does not see the
+        source's tokens (pass make_src_mask(src), as forward and Chapter 8's decoders do).
         cache: new_cache(); tgt then holds only the new tokens, after the t cached ones
         (tgt_mask: (B|1, h|1, T|1, t + T))."""
-        t = self.decoder.cache_length(cache)                                  # 0 without a cache
         if checks_due():                              # the door (Chapter 8's decoders check once, not per token)
             check_tensor("tgt", tgt, dim=2, floating=False, shape_text="(B, length)")
-            (B, T), d = tgt.shape, self.config.d_model
-            if T == 0:
-                raise ValueError(f"tgt must hold at least one position (the start token), got shape {(B, T)}")
-            check_tensor("memory", memory, dim=3, last=d, floating=True, shape_text=f"(B={B}, S, d_model={d})")
-            if memory.size(0) != B:
-                raise ValueError(f"memory must have the batch size of tgt B={B}, got {describe(memory)}")
-            check_same_dtype("the model", self.shared.weight, memory=memory)
-            if src_mask is not None:
-                check_mask("src_mask", src_mask, (B, self.config.num_heads, T, memory.size(1)), "(B, h, T|1, S)")
-            if tgt_mask is not None:
-                check_mask("tgt_mask", tgt_mask, (B, self.config.num_heads, T, t + T), "(B, h, T, t + T)")
-            if t and cache[0][0].k.size(0) != B:
-                raise ValueError(f"cache holds {cache[0][0].k.size(0)} batch rows but tgt has B={B}")
+            if tgt.size(1) == 0:
+                raise ValueError(f"tgt must hold at least one position (the start token), got shape {tuple(tgt.shape)}")
+        t = decode_door(self, tgt, memory, src_mask, tgt_mask, cache, self.shared.weight)   # Chapter 7's checks
         T = tgt.size(1)
         x = self.dropout(lookup(self.shared, tgt, "tgt"))                     # (B, T, d)
         with checked():                                    # checked once, here; the decoder is always causal

@@ -21,7 +21,7 @@ from .distributed import (TRAINING_STATE_KEYS, StepSampler, all_reduce_sum, all_
 from .gpt import GPT, HELDOUT_MODULES, TRAIN_MODULES, GPTConfig, stdlib_sources
 from .model import Transformer, TransformerConfig
 from .training import (LabelSmoothingLoss, TrainingDiverged, checkpoint_dict, evaluate_loss,
-                                      make_optimizer, train, warmup_linear_scheduler)
+                                      inference, make_optimizer, train, warmup_linear_scheduler)
 
 # The arguments that decide the trajectory of a run: a resumed run must use the same values.
 RUN_ARGUMENTS = ("task", "steps", "batch_size", "lr", "warmup", "seed", "d_model", "layers", "heads", "d_ff",
@@ -251,14 +251,10 @@ def _gpt_task(a) -> _Task:
         dtype = unwrap(model).token.weight.dtype                            # autocast: back to the weights' dtype
         return F.cross_entropy(logits.flatten(0, 1).to(dtype), x[:, 1:].flatten(), reduction="sum"), x[:, 1:].numel()
 
-    @torch.no_grad()
+    @inference                       # eval mode, no gradients, the caller's mode restored (also on an error)
     def valid_loss(model, device):
-        was_training = model.training
-        model.eval()
         x = torch.stack([valid_set[i] for i in range(len(valid_set))]).to(device)   # (n, context + 1)
-        loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten()).item()
-        model.train(was_training)
-        return loss
+        return F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten()).item()
 
     return _Task(GPT(config), train_set, loss_sum, valid_loss, tokenizer.chars)
 

@@ -170,13 +170,13 @@ def model_device(model) -> torch.device:
     raise ValueError(f"model must have parameters, got a {type(model).__name__} without any")
 
 
-def _mean_loss(model, loader, loss_fn, device, name: str) -> float:
+def _mean_loss(model, loader, criterion, device, name: str) -> float:
     total, count, batches = 0.0, 0, 0
     for batch in loader:
         batches += 1
         b = batch.to(device)
-        n = int((b.tgt_out != loss_fn.pad_id).sum())
-        total += loss_fn(model(b.src, b.tgt_in, b.src_mask, b.tgt_mask), b.tgt_out).item() * n
+        n = int((b.tgt_out != criterion.pad_id).sum())
+        total += criterion(model(b.src, b.tgt_in, b.src_mask, b.tgt_mask), b.tgt_out).item() * n
         count += n
     if count == 0:
         raise ValueError(f"{name} must yield at least one batch with a target token that is not padding, "
@@ -204,11 +204,12 @@ def inference(fn):
 
 
 @inference
-def evaluate_loss(model, loader, loss_fn, device=None) -> float:
+def evaluate_loss(model, loader, criterion, device=None) -> float:
     """Mean loss per target token (padding excluded) over every Batch of loader, in eval mode (the model is
-    left in the mode it was given). loss_fn(logits, target), e.g. LabelSmoothingLoss."""
+    left in the mode it was given). criterion(logits, target) with a pad_id, e.g. LabelSmoothingLoss: a loss of
+    logits and targets, PyTorch's `criterion`, not train()'s loss_fn(model, batch)."""
     device = device or model_device(model)
-    return _mean_loss(model, loader, loss_fn, device, "loader")
+    return _mean_loss(model, loader, criterion, device, "loader")
 
 
 _END = object()

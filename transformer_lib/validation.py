@@ -2,8 +2,8 @@
 
 # %% auto #0
 __all__ = ['checks_due', 'checked', 'describe', 'check_int', 'check_float', 'check_probability', 'check_bool', 'check_tensor',
-           'check_same_dtype', 'check_token_ids', 'check_position_ids', 'lookup', 'check_rows', 'check_attn_bias',
-           'check_mask']
+           'check_same_dtype', 'check_token_ids', 'check_config', 'check_position_ids', 'lookup', 'check_rows',
+           'check_attn_bias', 'check_mask']
 
 # %% ../chapters/appendix_tools.ipynb #c006b
 # One place for the checks every public entry point repeats. Each raises a ValueError whose message names
@@ -110,6 +110,28 @@ def check_token_ids(name: str, tokens, vocab_size: int, dim: int = 2) -> torch.T
             raise ValueError(f"{name} holds token ids from {low} to {high}, outside the vocabulary "
                              f"[0, {vocab_size - 1}] (vocab_size={vocab_size})")
     return tokens
+
+
+def check_config(config, sizes=(), *, probabilities=("dropout",), epsilons=("eps",), flags=(), token_ids=(),
+                 heads: bool = True) -> None:
+    """The checks every model config's __post_init__ shares, declared once: sizes (ints >= 1), probabilities
+    (dropout rates in [0, 1)), epsilons (finite floats > 0), flags (True or False), token_ids (ints in
+    [0, config.vocab_size)), and heads: d_model divisible by num_heads. Each config adds its own rules after it."""
+    for name in sizes:
+        check_int(name, getattr(config, name))
+    for name in probabilities:
+        check_probability(name, getattr(config, name))
+    for name in epsilons:                       # inf would make the output the bias (or 0): rejected
+        check_float(name, getattr(config, name), 0.0, math.inf, low_open=True, high_open=True)
+    for name in flags:
+        check_bool(name, getattr(config, name))
+    for name in token_ids:
+        if check_int(name, getattr(config, name), 0) >= config.vocab_size:
+            raise ValueError(f"{name} must lie in [0, vocab_size) = [0, {config.vocab_size}), got "
+                             f"{getattr(config, name)}")
+    if heads and config.d_model % config.num_heads:
+        raise ValueError(f"d_model={config.d_model} must be divisible by num_heads={config.num_heads}: each head "
+                         f"gets d_k = d_model / num_heads features")
 
 
 def check_position_ids(name: str, position_ids, B: int, T: int) -> torch.Tensor:

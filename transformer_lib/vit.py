@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from .encoder import Encoder
 from .hf import HFTensor, hf_state_dict, load_by_names, save_by_names
-from .validation import check_float, check_int, check_probability, check_same_dtype, check_tensor, describe
+from .validation import check_config, check_int, check_same_dtype, check_tensor, describe
 
 # %% ../chapters/12_t5_and_vit.ipynb #c034
 def patchify(images, patch_size: int):
@@ -61,17 +61,12 @@ class ViTConfig:
     eps: float = 1e-12
 
     def __post_init__(self):
-        for name in ("image_size", "patch_size", "num_channels", "d_model", "num_layers", "num_heads", "d_ff"):
-            check_int(name, getattr(self, name))
+        check_config(self, ("image_size", "patch_size", "num_channels", "d_model", "num_layers", "num_heads", "d_ff"))
         if check_int("num_classes", self.num_classes, 0) == 1:        # 0: no classification head
             raise ValueError("num_classes must be 0 (no classification head) or >= 2, got 1: a softmax over "
                              "one class is always 1 and learns nothing")
-        check_probability("dropout", self.dropout)
-        check_float("eps", self.eps, low_open=True)
         if self.image_size % self.patch_size:
             raise ValueError(f"image_size={self.image_size} must be a multiple of patch_size={self.patch_size}")
-        if self.d_model % self.num_heads:
-            raise ValueError(f"d_model={self.d_model} must be divisible by num_heads={self.num_heads}")
 
     @property
     def num_patches(self) -> int:
