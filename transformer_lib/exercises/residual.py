@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from .grading import close_to
+from .grading import close_to, grade
 from ..feed_forward import PositionwiseFeedForward
 from ..residual import LayerNorm
 
@@ -66,32 +66,9 @@ def check_layer_norm(fn, seed: int = 0) -> None:
         scale = torch.exp(3 * rand(*shape[:-1], 1))               # stds from about 1e-4 to 1e4 ...
         scale.view(-1)[0] = 1e-3                                  # ... and one position where eps matters
         xs.append(5 * rand(*shape[:-1], 1) + scale * rand(*shape))
-    _grade_norm(lambda x: fn(x, gamma, beta, eps), xs, lambda x: _reference_layer_norm(x, gamma, beta, eps), mistakes)
+    grade(lambda x: fn(x, gamma, beta, eps), lambda x: _reference_layer_norm(x, gamma, beta, eps),
+          {f"on x of shape {tuple(x.shape)}": (x,) for x in xs}, mistakes, scale=10, case_in_mistakes=False, pure="x")
     print(f"check_layer_norm: correct on inputs of shape (3, 4, {d}) and (5, {d})")
-
-
-def _grade_norm(call, xs, reference, mistakes) -> None:
-    """Run the reader's call(x) on each x; raise AssertionError naming the first of `mistakes` (message: wrong
-    formula) that the output matches, or the size of the error. Shared by the LayerNorm and RMSNorm graders."""
-    for x in xs:
-        shape, x_before = tuple(x.shape), x.clone()
-        try:
-            out = call(x)
-        except Exception as err:
-            raise AssertionError(f"on x of shape {shape} your function raised {type(err).__name__}: {err}") from err
-        if not torch.equal(x, x_before):
-            raise AssertionError("your function changed x in place; compute new tensors instead")
-        if not isinstance(out, torch.Tensor) or out.shape != x.shape:
-            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise AssertionError(f"wrong shape: on x of shape {shape} expected output shape {shape}, got {got}")
-        expected = reference(x)
-        if close_to(out, expected, scale=10):
-            continue
-        for message, wrong in mistakes.items():
-            if close_to(out, wrong(x), scale=10):
-                raise AssertionError(message)
-        error = (out.double() - expected).abs().max().item()
-        raise AssertionError(f"wrong values on x of shape {shape}: max |error| = {error:.3g}")
 
 
 def _reference_rms_norm(x, gamma, eps):
@@ -142,7 +119,8 @@ def check_rms_norm(fn, seed: int = 0) -> None:
         scale = torch.exp(2 * rand(*shape[:-1], 1))               # positions of very different scales ...
         scale.view(-1)[0] = 1e-3                                  # ... and one where eps matters
         xs.append(scale * (2 * rand(*shape[:-1], 1) + rand(*shape)))     # a clearly non-zero mean per position
-    _grade_norm(lambda x: fn(x, gamma, eps), xs, lambda x: _reference_rms_norm(x, gamma, eps), mistakes)
+    grade(lambda x: fn(x, gamma, eps), lambda x: _reference_rms_norm(x, gamma, eps),
+          {f"on x of shape {tuple(x.shape)}": (x,) for x in xs}, mistakes, scale=10, case_in_mistakes=False, pure="x")
     print(f"check_rms_norm: correct on inputs of shape (3, 4, {d}) and (5, {d})")
 
 
