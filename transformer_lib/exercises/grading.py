@@ -93,26 +93,34 @@ def _is(got, wrong, scale: float) -> bool:
     return close_to(got, wrong, scale)
 
 
+def _each(mutants) -> list:
+    return list(mutants) if isinstance(mutants, (list, tuple)) else [mutants]
+
+
 def grade(answer, reference, cases: dict, mistakes: dict | None = None, *, name: str = "your function",
           against: str = "the reference", shape: str = "", scale: float = 1.0, case_in_mistakes: bool = True,
-          pure: str = "", hint: str = "") -> None:
+          pure: str = "", hint="", crash: str = "") -> None:
     """Grade the reader's answer against reference on chosen inputs, and name the mistake when it is wrong.
 
     cases: {where: inputs}; each runs answer(*inputs) (on copies of the tensors: the reader may write into them,
-    unless pure names them: then the reader's answer must leave them unchanged) and reference(*inputs); where
-    starts every message about that case ("" for none; with case_in_mistakes=False a named mistake's message is
-    shown as it is). mistakes: {message: mutant}, mutant(*inputs) being the reference with one typical slip (None
-    where the slip does not apply; NaN in its output: any value there; a torch.Size: an output of that shape is
-    this mistake); the first mutant whose output the reader's equals (close_to) names the mistake. name: the
-    reader's function in messages; against: the reference's; shape: the expected shape in symbols,
-    "(B, n, d_model) = "; hint: said after "differs from against by ..." (or hint(index of the first wrong entry)). A tuple the reader returns counts as its
-    first element when the reference returns a tensor. Returns quietly when every output is close_to the
-    reference's; raises AssertionError otherwise."""
+    unless pure names them: then the reader's answer must leave them unchanged) and reference(*inputs); where starts
+    every message about that case ("" for none; with case_in_mistakes=False a named mistake's message is shown as it
+    is). mistakes: {message: mutant}, mutant(*inputs) being the reference with one typical slip (None where the slip
+    does not apply; NaN in its output: any value there; a torch.Size: an output of that shape is this mistake; a
+    list of mutants: several slips with one message); the first mutant whose output the reader's equals (close_to)
+    names the mistake. name: the reader's function in messages; against: the reference's; shape: the expected shape
+    in symbols, "(B, n, d_model) = "; hint: said after "differs from against by ..." (or hint(index of the first
+    wrong entry, *inputs)); crash: said after "name raised ...". A tuple the reader returns counts as its first
+    element when the reference returns a tensor, a one-element tensor as a scalar when the reference is one. Returns
+    quietly when every output is close_to the reference's; raises AssertionError otherwise."""
     for where, inputs in cases.items():
         at = f"{where}: " if where else ""
         said = at if case_in_mistakes else ""
         copies = [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-        got = call_reader(answer, f"{at}{name}", *(inputs if pure else copies))
+        try:
+            got = call_reader(answer, f"{at}{name}", *(inputs if pure else copies))
+        except AssertionError as error:
+            raise AssertionError(f"{error}{crash}") from error.__cause__
         if pure and not all(torch.equal(a, b) if isinstance(a, torch.Tensor) else True
                             for a, b in zip(inputs, copies, strict=True)):
             raise AssertionError(f"{at}{name} changed {pure} in place; compute new tensors instead")
@@ -121,23 +129,25 @@ def grade(answer, reference, cases: dict, mistakes: dict | None = None, *, name:
             got = got[0] if isinstance(got, tuple) else got
             if not isinstance(got, torch.Tensor):
                 raise AssertionError(f"{at}{name} must return a tensor, got {type(got).__name__}")
+            got = got.reshape(()) if want.dim() == 0 and got.numel() == 1 else got
             if got.shape != want.shape:
-                named = next((m for m, mutant in (mistakes or {}).items()
+                named = next((m for m, mutants in (mistakes or {}).items() for mutant in _each(mutants)
                               if isinstance(wrong := mutant(*inputs), torch.Size) and wrong == got.shape), "")
                 raise AssertionError(f"{at}output shape {tuple(got.shape)}, expected {shape}{tuple(want.shape)}"
                                      + (f": {named}" if named else ""))
         if close_to(got, want, scale):
             continue
-        for message, mutant in (mistakes or {}).items():
-            if _is(got, mutant(*inputs), scale):
+        for message, mutants in (mistakes or {}).items():
+            if any(_is(got, mutant(*inputs), scale) for mutant in _each(mutants)):
                 raise AssertionError(said + message)
         if isinstance(want, torch.Tensor):
             if got.isnan().any() and not want.isnan().any():
                 raise AssertionError(f"{at}NaN in the output of {name}, where {against} has none")
             index, value, expected = first_difference(got, want, scale)
             diff = (f"by up to {(got.detach().double().cpu() - want.double().cpu()).abs().max().item():.2g} "
-                    f"(first at {list(index)}: {value:.4g}, expected {expected:.4g})")
-            more = hint(index) if callable(hint) else hint
+                    f"(first at {list(index)}: {value:.4g}, expected {expected:.4g})" if index else
+                    f"({value:.6g}, expected {expected:.6g})")
+            more = hint(index, *inputs) if callable(hint) else hint
         else:
             diff, more = f"({got!r}, expected {want!r})", "" if callable(hint) else hint
         raise AssertionError(f"{at}{name} differs from {against} {diff}{more}")

@@ -30,7 +30,7 @@ def _grade_split_merge(split_heads, merge_heads, B, n, h, d_k, g):
         "features i, i + h, i + 2h, ... . View as (B, n, h, d_k), not (B, n, d_k, h).":
             lambda x, h: x.view(B, n, d_k, h).permute(0, 3, 1, 2)},
           name="split_heads", against="MultiHeadAttention.split_heads", shape="(B, h, n, d_k) = ",
-          hint=lambda at: f": head {at[1]}, position {at[2]}, feature {at[3]} (batch {at[0]}) should be "
+          hint=lambda at, *_: f": head {at[1]}, position {at[2]}, feature {at[3]} (batch {at[0]}) should be "
                           f"x[{at[0]}, {at[2]}, {at[1] * d_k + at[3]}]")
     y = torch.randn(B, h, n, d_k, generator=g, dtype=torch.float64)
     grade(merge_heads, ref.merge_heads, {f"merge_heads(x of shape {tuple(y.shape)})": (y,)}, {
@@ -42,7 +42,7 @@ def _grade_split_merge(split_heads, merge_heads, B, n, h, d_k, g):
         "every head first. Use .transpose(1, 2) -> (B, n, h, d_k), not .permute(0, 2, 3, 1).":
             lambda y: y.permute(0, 2, 3, 1).reshape(B, n, -1)},
           name="merge_heads", against="MultiHeadAttention.merge_heads", shape="(B, n, d_model) = ",
-          hint=lambda at: f": output[{at[0]}, {at[1]}, {at[2]}] should be x[{at[0]}, {at[2] // d_k}, {at[1]}, "
+          hint=lambda at, *_: f": output[{at[0]}, {at[1]}, {at[2]}] should be x[{at[0]}, {at[2] // d_k}, {at[1]}, "
                           f"{at[2] % d_k}] (head {at[2] // d_k})")
     return x
 
