@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attention import scaled_dot_product_attention
-from .grading import TOLERANCES, close_to  # noqa: F401 (close_to was defined here: older code imports it from here)
+from .grading import TOLERANCES, close_to, grade  # noqa: F401 (close_to was defined here: older code imports it from here)
 
 
 def check_attention(fn, trials: int = 4, seed: int = 0) -> None:
@@ -145,36 +145,21 @@ def check_additive_scores(fn, seed: int = 0) -> None:
 
     def additive(Q, K, W_1, W_2, w, act=torch.tanh):
         return act((Q @ W_1.T)[:, :, None, :] + (K @ W_2.T)[:, None, :, :]) @ w    # (B, n_q, n_k)
-    try:
-        got = fn(Q.clone(), K.clone(), W_1.clone(), W_2.clone(), w.clone())
-    except RuntimeError as e:
-        raise AssertionError(f"your function raised RuntimeError ({str(e).splitlines()[0]}). W_1 and W_2 have "
-                             "shape (d_hidden, d_k), as an nn.Linear weight: W_1 q_i for all queries is Q @ W_1.T, "
-                             "and the sum needs broadcasting: (B, n_q, 1, d_hidden) + (B, 1, n_k, d_hidden)") from None
-    if not isinstance(got, torch.Tensor):
-        raise AssertionError(f"fn must return a tensor of scores, got {type(got).__name__}")
-    want = additive(Q, K, W_1, W_2, w)
-    if tuple(got.shape) == (B, n_k, n_q):
-        raise AssertionError(f"your scores have shape (B, n_k, n_q) = {(B, n_k, n_q)}: transposed; row i must hold "
-                             f"query i's scores over the keys, (B, n_q, n_k) = {(B, n_q, n_k)}")
-    if tuple(got.shape) != (B, n_q, n_k):
-        raise AssertionError(f"your scores have shape {tuple(got.shape)}, expected (B, n_q, n_k) = {(B, n_q, n_k)}")
-    if close_to(got, want):
-        print("check_additive_scores: your additive scores match s_ij = w . tanh(W_1 q_i + W_2 k_j)")
-        return
-    suspects = {
-        "W_1 and W_2 swapped (W_1 transforms the queries, W_2 the keys)": additive(Q, K, W_2, W_1, w),
+    mistakes = {f"your scores equal {what}": mutant for what, mutant in {
+        "W_1 and W_2 swapped (W_1 transforms the queries, W_2 the keys)":
+            lambda Q, K, W_1, W_2, w: additive(Q, K, W_2, W_1, w),
         "no tanh: without it the score is linear, s_ij = w.W_1 q_i + w.W_2 k_j, and the query's term is the "
-        "same for every key, so it cancels in the softmax": additive(Q, K, W_1, W_2, w, act=lambda t: t),
-        "dot-product scores Q K^T, not additive ones": Q @ K.transpose(-2, -1),
+        "same for every key, so it cancels in the softmax":
+            lambda Q, K, W_1, W_2, w: additive(Q, K, W_1, W_2, w, act=lambda t: t),
+        "dot-product scores Q K^T, not additive ones": lambda Q, K, W_1, W_2, w: Q @ K.transpose(-2, -1),
         "tanh applied after the product with w (it goes inside, on W_1 q_i + W_2 k_j)":
-            torch.tanh((Q @ W_1.T)[:, :, None, :] @ w[:, None] + (K @ W_2.T)[:, None, :, :] @ w[:, None])[..., 0],
-    }
-    for description, wrong in suspects.items():
-        if close_to(got, wrong):
-            raise AssertionError(f"your scores equal {description}")
-    raise AssertionError(f"your scores differ from w . tanh(W_1 q_i + W_2 k_j) by up to "
-                         f"{(got.double() - want).abs().max():.2g}")
+            lambda Q, K, W_1, W_2, w: torch.tanh((Q @ W_1.T)[:, :, None, :] @ w[:, None]
+                                                 + (K @ W_2.T)[:, None, :, :] @ w[:, None])[..., 0]}.items()}
+    mistakes["transposed; row i must hold query i's scores over the keys"] = lambda *_: torch.Size((B, n_k, n_q))
+    grade(fn, additive, {"": (Q, K, W_1, W_2, w)}, mistakes, against="w . tanh(W_1 q_i + W_2 k_j)",
+          shape="(B, n_q, n_k) = ", crash=". W_1 and W_2 have shape (d_hidden, d_k), as an nn.Linear weight: W_1 q_i "
+          "for all queries is Q @ W_1.T, and the sum needs broadcasting: (B, n_q, 1, d_hidden) + (B, 1, n_k, d_hidden)")
+    print("check_additive_scores: your additive scores match s_ij = w . tanh(W_1 q_i + W_2 k_j)")
 
 
 # %% ../../chapters/01_attention.ipynb #c036b2
