@@ -148,8 +148,12 @@ def grade(answer, reference, cases: dict, mistakes: dict | None = None, *, name:
                     f"(first at {list(index)}: {value:.4g}, expected {expected:.4g})" if index else
                     f"({value:.6g}, expected {expected:.6g})")
             more = hint(index, *inputs) if callable(hint) else hint
+        elif isinstance(want, (list, tuple)) and all(isinstance(w, torch.Tensor) for w in want):   # several tensors
+            diff, more = "by up to {:.2g}".format(max((g.detach().double().cpu() - w.double().cpu()).abs().max().item()
+                                                     for g, w in zip(got, want, strict=True))), hint
         else:
-            diff, more = f"({got!r}, expected {want!r})", "" if callable(hint) else hint
+            diff, more = f"({got!r}, expected {want!r})", hint
+        more = "" if callable(more) else more
         raise AssertionError(f"{at}{name} differs from {against} {diff}{more}")
 
 
