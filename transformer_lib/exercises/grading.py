@@ -131,10 +131,14 @@ def grade(answer, reference, cases: dict, mistakes: dict | None = None, *, name:
                 raise AssertionError(f"{at}{name} must return a tensor, got {type(got).__name__}")
             got = got.reshape(()) if want.dim() == 0 and got.numel() == 1 else got
             if got.shape != want.shape:
-                named = next((m for m, mutants in (mistakes or {}).items() for mutant in _each(mutants)
-                              if isinstance(wrong := mutant(*inputs), torch.Size) and wrong == got.shape), "")
-                raise AssertionError(f"{at}output shape {tuple(got.shape)}, expected {shape}{tuple(want.shape)}"
-                                     + (f": {named}" if named else ""))
+                for message, mutants in (mistakes or {}).items():          # a mistake of another shape?
+                    for wrong in (mutant(*inputs) for mutant in _each(mutants)):
+                        if isinstance(wrong, torch.Size) and wrong == got.shape:
+                            raise AssertionError(f"{at}output shape {tuple(got.shape)}, expected "
+                                                 f"{shape}{tuple(want.shape)}: {message}")
+                        if _is(got, wrong, scale):
+                            raise AssertionError(said + message)
+                raise AssertionError(f"{at}output shape {tuple(got.shape)}, expected {shape}{tuple(want.shape)}")
         if close_to(got, want, scale):
             continue
         for message, mutants in (mistakes or {}).items():
