@@ -10,6 +10,7 @@ import torch
 
 from ..complexity import count_flops, transformer_flops
 from ..encoder import EncoderLayer
+from .grading import call_reader, number
 from ..model import TransformerConfig
 
 
@@ -52,12 +53,7 @@ def check_crossover(fn) -> None:
     d_ff = 4 d_model and others. Raises AssertionError naming the mistake; prints a verdict."""
     for d, d_ff in ((512, 2048), (64, 100), (16, 64), (1024, 4096), (8, 8)):
         want = 2 * d + d_ff                                   # 4 n^2 d = 8 n d^2 + 4 n d d_ff
-        got = fn(d, d_ff)
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = got.item()
-        if isinstance(got, bool) or not hasattr(got, "__float__"):
-            raise AssertionError(f"expected a number, got {type(got).__name__} {got!r}")
-        got = float(got)
+        got = number(call_reader(fn, f"fn({d}, {d_ff})", d, d_ff), f"fn({d}, {d_ff})")
         if abs(got - want) <= 1e-9 * want:
             continue
         where = f"d_model={d}, d_ff={d_ff}: you return {got:g}, expected {want}"
@@ -92,12 +88,7 @@ def check_tokens_per_second(fn) -> None:
     for config, B, S, T, F in cases:
         step = transformer_flops(config, B, S, T, backward=True)
         want = B * T * F / step
-        got = fn(config, B, S, T, F)
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = got.item()
-        if isinstance(got, bool) or not hasattr(got, "__float__"):
-            raise AssertionError(f"expected a number, got {type(got).__name__} {got!r}")
-        got = float(got)
+        got = number(call_reader(fn, "fn(config, B, S, T, F)", config, B, S, T, F), "fn(config, B, S, T, F)")
         unfused = B * T * F / transformer_flops(config, B, S, T, backward=True, fused=False)
         if abs(got - want) <= 1e-6 * want or abs(got - unfused) <= 1e-6 * unfused:
             continue

@@ -7,7 +7,7 @@ __all__ = ['check_encoder_layer', 'check_left_pad_positions', 'check_balance_d_f
 import torch
 
 from ..encoder import EncoderLayer
-from .grading import Verdict, grade
+from .grading import Verdict, call_reader, grade, number
 
 
 def _encoder_layer_variant(layer, x, mask, norm_first, residual=(True, True), ffn=True):
@@ -152,12 +152,7 @@ def check_balance_d_ff(fn) -> None:
     mistake (forgotten biases, one projection instead of four, one FFN matrix, ...); prints a verdict."""
     for d in (8, 64, 512, 1024):
         want = _budget_reference(d)                                         # (4d^2 + 3d) / (2d + 1)
-        got = fn(d)
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = got.item()
-        if isinstance(got, bool) or not hasattr(got, "__float__"):
-            raise AssertionError(f"expected a number, got {type(got).__name__} {got!r}")
-        got = float(got)
+        got = number(call_reader(fn, f"fn({d})", d), f"fn({d})")
         if abs(got - want) <= 1e-6 * want:
             continue
         wrong = {

@@ -44,6 +44,8 @@ def number(value, what: str) -> float:
     """The reader's answer value (an int, a float, a one-element tensor or array) as a float; raises
     AssertionError saying that `what` must be one number when it is not."""
     try:
+        if isinstance(value, (str, bytes, bool)):
+            raise TypeError
         return float(value)
     except (TypeError, ValueError, RuntimeError):
         raise AssertionError(f"{what} must be one number (a float, an int or a one-element tensor), got "
