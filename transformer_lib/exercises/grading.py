@@ -101,7 +101,7 @@ def _each(mutants) -> list:
 
 def grade(answer, reference, cases: dict, mistakes: dict | None = None, *, name: str = "your function",
           against: str = "the reference", shape: str = "", scale: float = 1.0, case_in_mistakes: bool = True,
-          pure: str = "", hint="", crash: str = "") -> None:
+          pure: str = "", hint="", crash: str = "", says: str = "") -> None:
     """Grade the reader's answer against reference on chosen inputs, and name the mistake when it is wrong.
 
     cases: {where: inputs}; each runs answer(*inputs) (on copies of the tensors: the reader may write into them,
@@ -113,8 +113,11 @@ def grade(answer, reference, cases: dict, mistakes: dict | None = None, *, name:
     names the mistake. name: the reader's function in messages; against: the reference's; shape: the expected shape
     in symbols, "(B, n, d_model) = "; hint: said after "differs from against by ..." (or hint(index of the first
     wrong entry, *inputs)); crash: said after "name raised ...". A tuple the reader returns counts as its first
-    element when the reference returns a tensor, a one-element tensor as a scalar when the reference is one. Returns
-    quietly when every output is close_to the reference's; raises AssertionError otherwise."""
+    element when the reference returns a tensor, a one-element tensor as a scalar when the reference is one. When
+    the reference returns a number, so must the answer (number()), and says, a format of got and want ("you return
+    {got:g}, expected {want}"), tells a wrong one: "where: says: message" for a named mistake, else "where:
+    says{hint}" (hint(got, *inputs) when a function). Returns quietly when every output is close_to the
+    reference's; raises AssertionError otherwise."""
     for where, inputs in cases.items():
         at = f"{where}: " if where else ""
         said = at if case_in_mistakes else ""
@@ -127,6 +130,10 @@ def grade(answer, reference, cases: dict, mistakes: dict | None = None, *, name:
                             for a, b in zip(inputs, copies, strict=True)):
             raise AssertionError(f"{at}{name} changed {pure} in place; compute new tensors instead")
         want = reference(*inputs)
+        told = ""
+        if isinstance(want, (int, float)) and not isinstance(want, bool):
+            got = number(got, f"{at}{name}")
+            told = says.format(got=got, want=want)
         if isinstance(want, torch.Tensor):
             got = got[0] if isinstance(got, tuple) else got
             if not isinstance(got, torch.Tensor):
@@ -145,7 +152,9 @@ def grade(answer, reference, cases: dict, mistakes: dict | None = None, *, name:
             continue
         for message, mutants in (mistakes or {}).items():
             if any(_is(got, mutant(*inputs), scale) for mutant in _each(mutants)):
-                raise AssertionError(said + message)
+                raise AssertionError(said + (f"{told}: " if told else "") + message)
+        if told:
+            raise AssertionError(at + told + (hint(got, *inputs) if callable(hint) else hint))
         if isinstance(want, torch.Tensor):
             if got.isnan().any() and not want.isnan().any():
                 raise AssertionError(f"{at}NaN in the output of {name}, where {against} has none")
