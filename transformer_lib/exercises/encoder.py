@@ -7,7 +7,7 @@ __all__ = ['check_encoder_layer', 'check_left_pad_positions', 'check_balance_d_f
 import torch
 
 from ..encoder import EncoderLayer
-from .grading import Verdict, call_reader, grade, number
+from .grading import Verdict, grade
 
 
 def _encoder_layer_variant(layer, x, mask, norm_first, residual=(True, True), ffn=True):
@@ -150,33 +150,24 @@ def check_balance_d_ff(fn) -> None:
     """Test fn(d_model) -> the d_ff (a real number, not rounded) at which an encoder layer's self-attention
     and FFN hold equally many parameters, biases included, for several widths. Raises AssertionError naming the
     mistake (forgotten biases, one projection instead of four, one FFN matrix, ...); prints a verdict."""
-    for d in (8, 64, 512, 1024):
-        want = _budget_reference(d)                                         # (4d^2 + 3d) / (2d + 1)
-        got = number(call_reader(fn, f"fn({d})", d), f"fn({d})")
-        if abs(got - want) <= 1e-6 * want:
-            continue
-        wrong = {
-            "that is the balance without the biases (4 d^2 = 2 d d_ff), or the exact answer rounded: attention "
-            "holds 4 d^2 + 4 d, the FFN 2 d d_ff + d_ff + d; return the exact real solution":
-                2 * d,
-            "that counts one projection of attention's four (W_q, W_k, W_v, W_o: 4 d^2 + 4 d in all)":
-                d * d / (2 * d + 1),
-            "that counts one projection of attention's four, without biases (attention holds 4 d^2 + 4 d)":
-                d / 2,
-            "that forgets the output projection W_o: attention has four d x d matrices, not three":
-                (3 * d * d + 2 * d) / (2 * d + 1),
-            "that is 4 d_model: the base model's d_ff (where the FFN holds twice attention's parameters), or a "
-            "count of only linear1 (d x d_ff + d_ff): linear2 (d_ff x d) grows with d_ff too":
-                4 * d,
-            "that counts only linear2 (d_ff x d + d): linear1 (d x d_ff + d_ff) grows with d_ff too":
-                (4 * d * d + 3 * d) / d,
-        }
-        for why, value in wrong.items():
-            if abs(got - value) <= 1e-6 * max(abs(value), 1):
-                raise AssertionError(f"d_model={d}: you return {got:.6g}, expected {want:.6g}: {why}")
-        raise AssertionError(f"d_model={d}: you return {got:.6g}, expected {want:.6g} (off by {got - want:+.3g}); "
-                             f"at your d_ff, attention holds 4 d^2 + 4 d = {4 * d * d + 4 * d:,} and the FFN "
-                             f"2 d d_ff + d_ff + d = {(2 * d + 1) * got + d:,.0f}")
+    mistakes = {
+        "that is the balance without the biases (4 d^2 = 2 d d_ff), or the exact answer rounded: attention holds "
+        "4 d^2 + 4 d, the FFN 2 d d_ff + d_ff + d; return the exact real solution": lambda d: 2 * d,
+        "that counts one projection of attention's four (W_q, W_k, W_v, W_o: 4 d^2 + 4 d in all)":
+            lambda d: d * d / (2 * d + 1),
+        "that counts one projection of attention's four, without biases (attention holds 4 d^2 + 4 d)": lambda d: d / 2,
+        "that forgets the output projection W_o: attention has four d x d matrices, not three":
+            lambda d: (3 * d * d + 2 * d) / (2 * d + 1),
+        "that is 4 d_model: the base model's d_ff (where the FFN holds twice attention's parameters), or a count of "
+        "only linear1 (d x d_ff + d_ff): linear2 (d_ff x d) grows with d_ff too": lambda d: 4 * d,
+        "that counts only linear2 (d_ff x d + d): linear1 (d x d_ff + d_ff) grows with d_ff too":
+            lambda d: (4 * d * d + 3 * d) / d,
+    }
+    grade(fn, _budget_reference, {f"d_model={d}": (d,) for d in (8, 64, 512, 1024)}, mistakes, scale=1e-2,
+          says="you return {got:.6g}, expected {want:.6g}",
+          hint=lambda got, d: f" (off by {got - _budget_reference(d):+.3g}); at your d_ff, attention holds "
+                              f"4 d^2 + 4 d = {4 * d * d + 4 * d:,} and the FFN 2 d d_ff + d_ff + d = "
+                              f"{(2 * d + 1) * got + d:,.0f}")
     print("check_balance_d_ff: correct for d_model = 8, 64, 512, 1024")
 
 # %% ../../chapters/06_encoder.ipynb #c033c
