@@ -46,22 +46,16 @@ def check_gqa_cache_bytes(fn) -> None:
     """Test fn(num_layers, num_heads, num_kv_heads, d_model, bytes_per_number) -> the bytes a KV cache holds per
     token. Raises AssertionError naming the mistake; prints a verdict."""
     cases = [(32, 32, 32, 4096, 2), (80, 64, 8, 8192, 2), (4, 8, 1, 256, 4), (22, 32, 4, 2048, 2)]
-    for L, h, kv, d, b in cases:
-        got, want = fn(L, h, kv, d, b), 2 * L * kv * (d // h) * b
-        if not isinstance(got, (int, float)) or isinstance(got, bool):
-            raise AssertionError(f"return a number of bytes, got {type(got).__name__}")
-        if got == want:
-            continue
-        mistakes = {"every query head counted: the cache keeps num_kv_heads heads, not num_heads": 2 * L * h * (d // h) * b,
-                    "K or V forgotten: the cache keeps both (a factor 2)": L * kv * (d // h) * b,
-                    "the layers forgotten: every layer keeps its own K and V": 2 * kv * (d // h) * b,
-                    "a head is d_k = d_model / num_heads wide, not d_model": 2 * L * kv * d * b,
-                    "bits instead of bytes": 2 * L * kv * (d // h) * b * 8}
-        for message, wrong in mistakes.items():
-            if got == wrong and (kv != h or "query" not in message):
-                raise AssertionError(f"(layers {L}, heads {h}, K/V heads {kv}, d_model {d}, {b} bytes): {message}")
-        raise AssertionError(f"(layers {L}, heads {h}, K/V heads {kv}, d_model {d}, {b} bytes): got {got}, "
-                             f"expected {want}")
+    mistakes = {
+        "every query head counted: the cache keeps num_kv_heads heads, not num_heads":
+            lambda L, h, kv, d, b: None if kv == h else 2 * L * h * (d // h) * b,
+        "K or V forgotten: the cache keeps both (a factor 2)": lambda L, h, kv, d, b: L * kv * (d // h) * b,
+        "the layers forgotten: every layer keeps its own K and V": lambda L, h, kv, d, b: 2 * kv * (d // h) * b,
+        "a head is d_k = d_model / num_heads wide, not d_model": lambda L, h, kv, d, b: 2 * L * kv * d * b,
+        "bits instead of bytes": lambda L, h, kv, d, b: 2 * L * kv * (d // h) * b * 8}
+    grade(fn, lambda L, h, kv, d, b: 2 * L * kv * (d // h) * b,
+          {f"(layers {L}, heads {h}, K/V heads {kv}, d_model {d}, {b} bytes)": case for case in cases
+           for L, h, kv, d, b in [case]}, mistakes, scale=1e-5, says="got {got:g}, expected {want}")
     print(f"check_gqa_cache_bytes: correct on {len(cases)} models (Llama 2 7B and 70B among them)")
 
 
