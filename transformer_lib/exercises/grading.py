@@ -95,8 +95,9 @@ def _is(got, wrong, scale: float) -> bool:
     return close_to(got, wrong, scale)
 
 
-def _each(mutants) -> list:
-    return list(mutants) if isinstance(mutants, (list, tuple)) else [mutants]
+def _each(mutants, inputs) -> list:
+    """The outputs of a mistake's mutants on inputs (a mutant that is not a function is its own output)."""
+    return [m(*inputs) if callable(m) else m for m in (mutants if isinstance(mutants, (list, tuple)) else [mutants])]
 
 
 def grade(answer, reference, cases: dict, mistakes: dict | None = None, *, name: str = "your function",
@@ -109,15 +110,15 @@ def grade(answer, reference, cases: dict, mistakes: dict | None = None, *, name:
     every message about that case ("" for none; with case_in_mistakes=False a named mistake's message is shown as it
     is). mistakes: {message: mutant}, mutant(*inputs) being the reference with one typical slip (None where the slip
     does not apply; NaN in its output: any value there; a torch.Size: an output of that shape is this mistake; a
-    list of mutants: several slips with one message); the first mutant whose output the reader's equals (close_to)
-    names the mistake. name: the reader's function in messages; against: the reference's; shape: the expected shape
-    in symbols, "(B, n, d_model) = "; hint: said after "differs from against by ..." (or hint(index of the first
-    wrong entry, *inputs)); crash: said after "name raised ...". A tuple the reader returns counts as its first
-    element when the reference returns a tensor, a one-element tensor as a scalar when the reference is one. When
-    the reference returns a number, so must the answer (number()), and says, a format of got and want ("you return
-    {got:g}, expected {want}"), tells a wrong one: "where: says: message" for a named mistake, else "where:
-    says{hint}" (hint(got, *inputs) when a function). Returns quietly when every output is close_to the
-    reference's; raises AssertionError otherwise."""
+    list of mutants: several slips with one message; a mutant that is not a function: its output); the first mutant
+    whose output the reader's equals (close_to) names the mistake. name: the reader's function in messages; against:
+    the reference's; shape: the expected shape in symbols, "(B, n, d_model) = "; hint: said after "differs from
+    against by ..." (or hint(index of the first wrong entry, *inputs)); crash: said after "name raised ...". A tuple
+    the reader returns counts as its first element when the reference returns a tensor, a one-element tensor as a
+    scalar when the reference is one. When the reference returns a number, so must the answer (number()), and says,
+    a format of got and want ("you return {got:g}, expected {want}"), tells a wrong one: "where: says: message" for
+    a named mistake, else "where: says{hint}" (hint(got, *inputs) when a function). Returns quietly when every
+    output is close_to the reference's; raises AssertionError otherwise."""
     for where, inputs in cases.items():
         at = f"{where}: " if where else ""
         said = at if case_in_mistakes else ""
@@ -141,7 +142,7 @@ def grade(answer, reference, cases: dict, mistakes: dict | None = None, *, name:
             got = got.reshape(()) if want.dim() == 0 and got.numel() == 1 else got
             if got.shape != want.shape:
                 for message, mutants in (mistakes or {}).items():          # a mistake of another shape?
-                    for wrong in (mutant(*inputs) for mutant in _each(mutants)):
+                    for wrong in _each(mutants, inputs):
                         if isinstance(wrong, torch.Size) and wrong == got.shape:
                             raise AssertionError(f"{at}output shape {tuple(got.shape)}, expected "
                                                  f"{shape}{tuple(want.shape)}: {message}")
@@ -151,7 +152,7 @@ def grade(answer, reference, cases: dict, mistakes: dict | None = None, *, name:
         if close_to(got, want, scale):
             continue
         for message, mutants in (mistakes or {}).items():
-            if any(_is(got, mutant(*inputs), scale) for mutant in _each(mutants)):
+            if any(_is(got, wrong, scale) for wrong in _each(mutants, inputs)):
                 raise AssertionError(said + (f"{told}: " if told else "") + message)
         if told:
             raise AssertionError(at + told + (hint(got, *inputs) if callable(hint) else hint))

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from ..attention import causal_mask, scaled_dot_product_attention
-from .grading import call_reader, close_to, grade, number
+from .grading import Verdict, call_reader, close_to, grade, number
 from ..multi_head import MultiHeadAttention, copy_to_torch_mha
 
 
@@ -142,6 +142,44 @@ def _kv_counts(d_model, num_heads, kv_heads):
     return sum(p.numel() for layer in layers for p in layer.parameters()), 2 * kv_heads * d_k   # keys + values
 
 
+def _grade_kv_counts(fn, d_model, h, kv):
+    """check_kv_counts on one size: the parameters, then the numbers cached per token."""
+    call, d_k, (params, cached) = f"fn(d_model={d_model}, num_heads={h}, kv_heads={kv})", d_model // h, \
+        _kv_counts(d_model, h, kv)
+
+    def part(i):                                                      # the reader's count i of the two
+        def answer(*size):
+            got = fn(*size)
+            if not isinstance(got, (tuple, list)) or len(got) != 2:
+                raise Verdict(f"{call} must return two numbers (parameters, cached numbers per token), got {got!r}")
+            return number(got[i], f"{call}[{i}]")
+        return answer
+    group = h % kv == 0                                               # kv_heads could be read as a group size
+    grade(part(0), lambda *size: params, {call: (d_model, h, kv)}, {
+        "you counted K/V heads of width d_model; each key/value head has width d_k = d_model/num_heads = "
+        f"{d_k}, so W_k and W_v map d_model -> kv_heads * d_k": 2 * (d_model * d_model + d_model) * (1 + kv),
+        "the biases are missing: every nn.Linear adds out_features biases (d_model for W_q and W_o, kv_heads * d_k "
+        "for W_k and W_v)": params - 2 * d_model - 2 * kv * d_k,
+        "that is the count of full multi-head attention: W_k and W_v shrink to kv_heads * d_k outputs":
+            _kv_counts(d_model, h, h)[0],
+        "you shrank W_q too: multi-query and grouped-query attention keep all num_heads query heads; only the key "
+        "and value heads are shared": params - (d_model - kv * d_k) * (d_model + 1),
+        f"you read the third argument as the group size g; it is the number of key/value heads (num_heads / g = "
+        f"{kv} here)": _kv_counts(d_model, h, h // kv)[0] if group else None},
+          scale=1e-5, says="parameters {got:,.0f}, expected {want:,}", hint=lambda got, *_: f" (off by {got - params:+,.0f})")
+    grade(part(1), lambda *size: cached, {call: (d_model, h, kv)}, {
+        "you counted only the keys: the cache holds keys and values": cached // 2,
+        f"you counted K/V heads of width d_model; each cached head holds d_k = {d_k} numbers per token":
+            2 * kv * d_model,
+        "that is full multi-head attention's cache: only the kv_heads shared heads are cached, not num_heads":
+            2 * d_model,
+        "that looks like bytes of float32 (or keys + values counted twice): count numbers, one key and one value "
+        "vector of width d_k per cached head": 4 * cached,
+        "you read the third argument as the group size g; it is the number of key/value heads":
+            2 * (h // kv) * d_k if group else None},
+          scale=1e-5, says="cached numbers per token {got:,.0f}, expected {want:,}")                  # counts: exact
+
+
 def check_kv_counts(fn) -> None:
     """Test a reader's fn(d_model, num_heads, kv_heads) -> (parameters, cached): the parameters of an attention
     layer (W_q, W_k, W_v, W_o, with biases) with num_heads query heads and kv_heads key/value heads of width
@@ -149,57 +187,8 @@ def check_kv_counts(fn) -> None:
     the numbers of keys and values a decoder caches per token and layer. Checked against nn.Linear layers of
     those shapes for several sizes; names the usual miscounts."""
     sizes = ((512, 8, 8), (512, 8, 4), (512, 8, 2), (512, 8, 1), (64, 4, 2), (96, 12, 3), (96, 12, 1))
-    for d_model, h, kv in sizes:
-        call = f"fn(d_model={d_model}, num_heads={h}, kv_heads={kv})"
-        d_k = d_model // h
-        got = call_reader(fn, call, d_model, h, kv)
-        if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise AssertionError(f"{call} must return two numbers (parameters, cached numbers per token), "
-                                 f"got {got!r}")
-        params, cached = number(got[0], f"{call}[0]"), number(got[1], f"{call}[1]")
-        want_params, want_cached = _kv_counts(d_model, h, kv)
-        if params != want_params:
-            q_o = 2 * (d_model * d_model + d_model)
-            miscounts = [
-                (q_o + 2 * kv * (d_model * d_model + d_model),
-                 "you counted K/V heads of width d_model; each key/value head has width d_k = d_model/num_heads"
-                 f" = {d_k}, so W_k and W_v map d_model -> kv_heads * d_k"),
-                (want_params - 2 * d_model - 2 * kv * d_k, "the biases are missing: every nn.Linear adds "
-                                                           "out_features biases (d_model for W_q and W_o, "
-                                                           "kv_heads * d_k for W_k and W_v)"),
-                (_kv_counts(d_model, h, h)[0], "that is the count of full multi-head attention: W_k and W_v "
-                                               "shrink to kv_heads * d_k outputs"),
-                (want_params - (d_model - kv * d_k) * (d_model + 1),
-                 "you shrank W_q too: multi-query and grouped-query attention keep all num_heads query heads; "
-                 "only the key and value heads are shared"),
-            ]
-            if h % kv == 0:
-                miscounts.append((_kv_counts(d_model, h, h // kv)[0],
-                                  f"you read the third argument as the group size g; it is the number of key/value "
-                                  f"heads (num_heads / g = {kv} here)"))
-            for count, message in miscounts:
-                if params == count:
-                    raise AssertionError(f"{call}: parameters {params:,.0f}, expected {want_params:,}: {message}")
-            raise AssertionError(f"{call}: parameters {params:,.0f}, expected {want_params:,} "
-                                 f"(off by {params - want_params:+,.0f})")
-        if cached != want_cached:
-            miscounts = [
-                (want_cached // 2, "you counted only the keys: the cache holds keys and values"),
-                (2 * kv * d_model, "you counted K/V heads of width d_model; each cached head holds d_k = "
-                                   f"{d_k} numbers per token"),
-                (2 * d_model, "that is full multi-head attention's cache: only the kv_heads shared heads are "
-                              "cached, not num_heads"),
-                (4 * want_cached, "that looks like bytes of float32 (or keys + values counted twice): count "
-                                  "numbers, one key and one value vector of width d_k per cached head"),
-            ]
-            if h % kv == 0:
-                miscounts.append((2 * (h // kv) * d_k, "you read the third argument as the group size g; it is "
-                                                       "the number of key/value heads"))
-            for count, message in miscounts:
-                if cached == count:
-                    raise AssertionError(f"{call}: cached numbers per token {cached:,.0f}, expected "
-                                         f"{want_cached:,}: {message}")
-            raise AssertionError(f"{call}: cached numbers per token {cached:,.0f}, expected {want_cached:,}")
+    for size in sizes:
+        _grade_kv_counts(fn, *size)
     print(f"check_kv_counts: parameters and cache sizes right for all {len(sizes)} sizes")
 
 
