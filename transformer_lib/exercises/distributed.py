@@ -196,9 +196,8 @@ def check_accumulate(fn, dtype=torch.float64, K: int = 4, lr: float = 0.1, seed:
     model, batches = _tiny_regression(dtype, seed)
     want = _accumulated_steps(copy.deepcopy(model), batches, 1, lr)              # two full-batch steps
 
-    def steps(**mistake):
-        fresh, _ = _tiny_regression(dtype, seed)
-        return lambda: _accumulated_steps(fresh, batches, K, lr, **mistake)
+    def steps(**mistake):                                    # a fresh model, built only when it is needed
+        return lambda: _accumulated_steps(_tiny_regression(dtype, seed)[0], batches, K, lr, **mistake)
 
     def accumulated():
         optimizer = torch.optim.SGD(model.parameters(), lr=lr)
