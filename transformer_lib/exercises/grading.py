@@ -66,8 +66,8 @@ def first_difference(got, want, scale: float = 1.0):
 
 
 class Verdict(AssertionError):
-    """A grader's verdict raised from inside a call of the reader's code (a forbidden shortcut): call_reader passes
-    it on as it is."""
+    """A grader's verdict raised from inside a call of the reader's code (a forbidden shortcut): call_reader
+    passes it on as it is."""
 
 
 def call_reader(fn, name: str, *args, **kwargs):
@@ -86,8 +86,9 @@ def call_reader(fn, name: str, *args, **kwargs):
 
 
 def _is(got, wrong, scale: float) -> bool:
-    """close_to for a mutant's output wrong, where NaN means "any value": a mutant marks with NaN the entries a slip
-    leaves undefined (a row with every key masked). A torch.Size mutant names a shape, matched in grade."""
+    """close_to for a mutant's output wrong, where NaN means "any value": a mutant marks with NaN the entries
+    a slip leaves undefined (a row with every key masked). A torch.Size mutant names a shape, matched in
+    grade."""
     if isinstance(wrong, torch.Size):
         return False
     if isinstance(wrong, torch.Tensor) and isinstance(got, torch.Tensor) and got.shape == wrong.shape:
@@ -97,7 +98,8 @@ def _is(got, wrong, scale: float) -> bool:
 
 def _each(mutants, inputs) -> list:
     """The outputs of a mistake's mutants on inputs (a mutant that is not a function is its own output)."""
-    return [m(*inputs) if callable(m) else m for m in (mutants if isinstance(mutants, (list, tuple)) else [mutants])]
+    mutants = mutants if isinstance(mutants, (list, tuple)) else [mutants]
+    return [m(*inputs) if callable(m) else m for m in mutants]
 
 
 def grade(answer, reference, cases: dict, mistakes: dict | None = None, *, name: str = "your function",
@@ -105,20 +107,21 @@ def grade(answer, reference, cases: dict, mistakes: dict | None = None, *, name:
           pure: str = "", hint="", crash: str = "", says: str = "") -> None:
     """Grade the reader's answer against reference on chosen inputs, and name the mistake when it is wrong.
 
-    cases: {where: inputs}; each runs answer(*inputs) (on copies of the tensors: the reader may write into them,
-    unless pure names them: then the reader's answer must leave them unchanged) and reference(*inputs); where starts
-    every message about that case ("" for none; with case_in_mistakes=False a named mistake's message is shown as it
-    is). mistakes: {message: mutant}, mutant(*inputs) being the reference with one typical slip (None where the slip
-    does not apply; NaN in its output: any value there; a torch.Size: an output of that shape is this mistake; a
-    list of mutants: several slips with one message; a mutant that is not a function: its output); the first mutant
-    whose output the reader's equals (close_to) names the mistake. name: the reader's function in messages; against:
-    the reference's; shape: the expected shape in symbols, "(B, n, d_model) = "; hint: said after "differs from
-    against by ..." (or hint(index of the first wrong entry, *inputs)); crash: said after "name raised ...". A tuple
-    the reader returns counts as its first element when the reference returns a tensor, a one-element tensor as a
-    scalar when the reference is one. When the reference returns a number, so must the answer (number()), and says,
-    a format of got and want ("you return {got:g}, expected {want}"), tells a wrong one: "where: says: message" for
-    a named mistake, else "where: says{hint}" (hint(got, *inputs) when a function). Returns quietly when every
-    output is close_to the reference's; raises AssertionError otherwise."""
+    cases: {where: inputs}; each runs answer(*inputs) (on copies of the tensors: the reader may write into
+    them, unless pure names them: then the reader's answer must leave them unchanged) and reference(*inputs);
+    where starts every message about that case ("" for none; with case_in_mistakes=False a named mistake's
+    message is shown as it is). mistakes: {message: mutant}, mutant(*inputs) being the reference with one
+    typical slip (None where the slip does not apply; NaN in its output: any value there; a torch.Size: an
+    output of that shape is this mistake; a list of mutants: several slips with one message; a mutant that is
+    not a function: its output); the first mutant whose output the reader's equals (close_to) names the
+    mistake. name: the reader's function in messages; against: the reference's; shape: the expected shape in
+    symbols, "(B, n, d_model) = "; hint: said after "differs from against by ..." (or hint(index of the first
+    wrong entry, *inputs)); crash: said after "name raised ...". A tuple the reader returns counts as its
+    first element when the reference returns a tensor, a one-element tensor as a scalar when the reference is
+    one. When the reference returns a number, so must the answer (number()), and says, a format of got and
+    want ("you return {got:g}, expected {want}"), tells a wrong one: "where: says: message" for a named
+    mistake, else "where: says{hint}" (hint(got, *inputs) when a function). Returns quietly when every output
+    is close_to the reference's; raises AssertionError otherwise."""
     for where, inputs in cases.items():
         at = f"{where}: " if where else ""
         said = at if case_in_mistakes else ""
@@ -148,7 +151,8 @@ def grade(answer, reference, cases: dict, mistakes: dict | None = None, *, name:
                                                  f"{shape}{tuple(want.shape)}: {message}")
                         if _is(got, wrong, scale):
                             raise AssertionError(said + message)
-                raise AssertionError(f"{at}output shape {tuple(got.shape)}, expected {shape}{tuple(want.shape)}")
+                raise AssertionError(f"{at}output shape {tuple(got.shape)}, expected "
+                                     f"{shape}{tuple(want.shape)}")
         if close_to(got, want, scale):
             continue
         for message, mutants in (mistakes or {}).items():
@@ -164,9 +168,10 @@ def grade(answer, reference, cases: dict, mistakes: dict | None = None, *, name:
                     f"(first at {list(index)}: {value:.4g}, expected {expected:.4g})" if index else
                     f"({value:.6g}, expected {expected:.6g})")
             more = hint(index, *inputs) if callable(hint) else hint
-        elif isinstance(want, (list, tuple)) and all(isinstance(w, torch.Tensor) for w in want):   # several tensors
-            diff, more = "by up to {:.2g}".format(max((g.detach().double().cpu() - w.double().cpu()).abs().max().item()
-                                                     for g, w in zip(got, want, strict=True))), hint
+        elif isinstance(want, (list, tuple)) and all(isinstance(w, torch.Tensor) for w in want):   # tensors
+            worst = max((g.detach().double().cpu() - w.double().cpu()).abs().max().item()
+                        for g, w in zip(got, want, strict=True))
+            diff, more = f"by up to {worst:.2g}", hint
         else:
             diff, more = f"({got!r}, expected {want!r})", hint
         more = "" if callable(more) else more
@@ -175,9 +180,9 @@ def grade(answer, reference, cases: dict, mistakes: dict | None = None, *, name:
 
 def reader_module(cls, reference, *args, advice: str = "", **options):
     """The reader's module cls(*args, **options) (only the options its constructor takes: dropout=0.0,
-    norm_first=...) in float64 eval mode, with the weights of the book's module reference copied in (copy_weights:
-    by name, by order of shape, or by sub-module). Returns (module, the options it took, hint): hint, for grade,
-    lists the weights matched by order of shape ("" when all matched by name), then advice."""
+    norm_first=...) in float64 eval mode, with the weights of the book's module reference copied in
+    (copy_weights: by name, by order of shape, or by sub-module). Returns (module, the options it took, hint):
+    hint, for grade, lists the weights matched by order of shape ("" when all matched by name), then advice."""
     from transformer_lib.exercises.attention import copy_weights
     try:
         parameters = inspect.signature(cls).parameters
@@ -198,9 +203,9 @@ def reader_module(cls, reference, *args, advice: str = "", **options):
 
 
 def module_answer(model):
-    """The reader's module as an answer for grade: model(*inputs) without grad, the trailing None inputs left out,
-    in float64, or in float32 for a module that insists on it (it casts its inputs, or builds float32 tensors),
-    the dtype kept from the first case that ran; raises the float64 run's error when both fail."""
+    """The reader's module as an answer for grade: model(*inputs) without grad, the trailing None inputs left
+    out, in float64, or in float32 for a module that insists on it (it casts its inputs, or builds float32
+    tensors), the dtype kept from the first case that ran; raises the float64 run's error when both fail."""
     dtypes = [torch.float64, torch.float32]
 
     def answer(*inputs):
