@@ -220,7 +220,7 @@ def check_accumulate(fn, dtype=torch.float64, K: int = 4, lr: float = 0.1, seed:
         "micro-batch)": steps(zero_after=False),
         "gradients carried over from the previous step, and not divided by the number of micro-batches":
             steps(zero_after=False, divide=False)},
-          name="your weights after two steps", against="two full-batch steps")
+          name="your model after two steps", against="two full-batch steps")
     print(f"check_accumulate: {K} accumulated micro-batches give the full-batch step (two steps, SGD)")
 
 
