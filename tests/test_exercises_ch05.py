@@ -234,6 +234,9 @@ GRADERS = [
         (divided_by_std, "divided by the standard deviation"),
         (summed_not_averaged, "mean of the squares"),
         (gamma_missing, "gamma missing"),
+        (lambda x, gamma, eps: rms_norm(x.mul_(2), gamma, eps), "changed x in place"),
+        (lambda x, gamma, eps: rms_norm(x, gamma, eps).mean(-1), r"on x of shape \(3, 4, 16\): output shape \(3, 4\)"),
+        (lambda x, gamma, eps: 1.01 * rms_norm(x, gamma, eps), "your function differs from the reference by up to"),
     ], prints='check_rms_norm: correct'),
     grader_row(check_he_init, correct=[he_init, he_init_uniform, he_init_returning_the_block], mistakes=[
         (fan_out_mode, "mode='fan_out'"),

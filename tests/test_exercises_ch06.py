@@ -120,6 +120,6 @@ GRADERS = [
         (forgot_w_o, "forgets the output projection W_o"),
         (only_linear2, "counts only linear2"),
         (lambda d: 4 * d, "base model's d_ff"),
-        (lambda d: "1024", "expected a number"),
+        (lambda d: "1024", "must be one number"),
     ], prints='check_balance_d_ff: correct'),
 ]

@@ -90,7 +90,7 @@ GRADERS = [
         (lambda d, f: 4 * d + 2 * f, "counts only Q K\\^T"),
         (lambda d, f: d + f, "2 FLOPs"),
         (lambda d, f: 2 * f + d, "mixes up d_model and d_ff"),
-        (lambda d, f: None, "expected a number"),
+        (lambda d, f: None, "must be one number"),
     ], prints='check_crossover: correct'),
     grader_row(check_tokens_per_second, correct=[tokens_per_second, lambda c, B, S, T, F: B * T * F / transformer_flops(c, B, S, T, backward=True,
                                                                                   fused=False), lambda *a: torch.tensor(tokens_per_second(*a), dtype=torch.float32)], mistakes=[

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attention import scaled_dot_product_attention
-from .grading import TOLERANCES, close_to  # noqa: F401 (close_to was defined here: older code imports it from here)
+from .grading import TOLERANCES, close_to, grade  # noqa: F401 (close_to was defined here: older code imports it from here)
 
 
 def check_attention(fn, trials: int = 4, seed: int = 0) -> None:
@@ -24,52 +24,32 @@ def check_attention(fn, trials: int = 4, seed: int = 0) -> None:
     def rand(*shape):
         return torch.randn(*shape, generator=g, dtype=torch.float64)
 
+    def sdpa(Q, K, V, mask, scale=1.0):                               # the reference, scores times scale
+        return scaled_dot_product_attention(Q * scale, K, V, mask)[0]
+
+    def wrong_axis(Q, K, V, mask):
+        scores = Q @ K.transpose(-2, -1) / math.sqrt(Q.size(-1))
+        scores = scores if mask is None else scores.masked_fill(~mask, float("-inf"))
+        return scores.softmax(dim=-2).nan_to_num(0.0) @ V
+    mistakes = {
+        "the scores are not divided by sqrt(d_k)": lambda Q, K, V, m: sdpa(Q, K, V, m, math.sqrt(Q.size(-1))),
+        "the scores are divided by d_k instead of sqrt(d_k)": lambda Q, K, V, m: sdpa(Q, K, V, m, Q.size(-1) ** -0.5),
+        "the mask is ignored": lambda Q, K, V, m: None if m is None else sdpa(Q, K, V, None),
+        "the mask is inverted: True must mean 'may attend'": lambda Q, K, V, m: None if m is None else sdpa(Q, K, V, ~m),
+        "softmax over the wrong axis; each query's weights over the keys (the last dimension) must sum to 1": wrong_axis,
+        "a query row whose mask is all False must output zeros: softmax over a row of -inf gives NaN (zero such rows "
+        "explicitly), a -1e9 fill gives the mean of V": lambda Q, K, V, m: None if m is None else sdpa(
+            Q, K, V, m).masked_fill(~m.any(-1, keepdim=True), float("nan")),    # NaN: any value in those rows
+    }
     for t in range(trials):
         B, h, n_q, n_k, d_k, d_v = 2, 1 + t % 3, 3 + t, 4 + 2 * t, 8 * (t + 1), 5 + t
         Q, K, V = rand(B, h, n_q, d_k), rand(B, h, n_k, d_k), rand(B, h, n_k, d_v)
         mask = torch.rand(B, 1, n_q, n_k, generator=g) < 0.7
         mask[..., 0] = True                      # every row may attend somewhere ...
         mask[0, 0, -1] = False                   # ... except the last query of the first sequence
-        for m in (None, mask):
-            expected, _ = scaled_dot_product_attention(Q, K, V, m)
-            got = fn(Q, K, V) if m is None else fn(Q, K, V, m)
-            if isinstance(got, tuple):
-                got = got[0]
-            where = "with a mask" if m is not None else "without a mask"
-            if not isinstance(got, torch.Tensor):
-                raise AssertionError(f"fn must return a tensor (the attention output), got {type(got).__name__}")
-            if got.shape != expected.shape:
-                raise AssertionError(f"{where}: output shape is {tuple(got.shape)}, expected (B, h, n_q, d_v) "
-                                     f"= {tuple(expected.shape)} for Q {tuple(Q.shape)}, V {tuple(V.shape)}")
-            if torch.isnan(got).any():
-                raise AssertionError(f"{where}: NaN in the output. A query whose mask row is all False must get "
-                                     "zeros; softmax over a row of -inf gives NaN, so zero such rows explicitly")
-            if close_to(got, expected):
-                continue
-            scale = math.sqrt(d_k)
-            suspects = [
-                ("the scores are not divided by sqrt(d_k)", Q * scale, m),
-                ("the scores are divided by d_k instead of sqrt(d_k)", Q / scale, m),
-            ]
-            if m is not None:
-                suspects += [("the mask is ignored", Q, None),
-                             ("the mask is inverted: True must mean 'may attend'", Q, ~m)]
-            for message, Q2, m2 in suspects:
-                if close_to(got, scaled_dot_product_attention(Q2, K, V, m2)[0]):
-                    raise AssertionError(f"{where}: {message}")
-            scores = Q @ K.transpose(-2, -1) / scale
-            if m is not None:
-                scores = scores.masked_fill(~m, float("-inf"))
-            if close_to(got, scores.softmax(dim=-2).nan_to_num(0.0) @ V):
-                raise AssertionError(f"{where}: softmax over the wrong axis; each query's weights over the keys "
-                                     "(the last dimension) must sum to 1")
-            if m is not None:
-                live = m.expand(B, h, n_q, n_k).any(-1)          # (B, h, n_q): rows with something to attend to
-                if close_to(got[live], expected[live]):
-                    raise AssertionError(f"{where}: a query row whose mask is all False must output zeros "
-                                         "(e.g. a -1e9 fill gives the mean of V instead)")
-            diff = (got.double() - expected).abs().max().item()
-            raise AssertionError(f"{where}: output differs from the reference by up to {diff:.3g}")
+        grade(lambda Q, K, V, m: fn(Q, K, V) if m is None else fn(Q, K, V, m), sdpa,
+              {"without a mask": (Q, K, V, None), "with a mask": (Q, K, V, mask)}, mistakes,
+              shape="(B, h, n_q, d_v) = ")
     print(f"check_attention: all {2 * trials} cases match the reference")
 
 # %% ../../chapters/01_attention.ipynb #c036b
@@ -145,36 +125,21 @@ def check_additive_scores(fn, seed: int = 0) -> None:
 
     def additive(Q, K, W_1, W_2, w, act=torch.tanh):
         return act((Q @ W_1.T)[:, :, None, :] + (K @ W_2.T)[:, None, :, :]) @ w    # (B, n_q, n_k)
-    try:
-        got = fn(Q.clone(), K.clone(), W_1.clone(), W_2.clone(), w.clone())
-    except RuntimeError as e:
-        raise AssertionError(f"your function raised RuntimeError ({str(e).splitlines()[0]}). W_1 and W_2 have "
-                             "shape (d_hidden, d_k), as an nn.Linear weight: W_1 q_i for all queries is Q @ W_1.T, "
-                             "and the sum needs broadcasting: (B, n_q, 1, d_hidden) + (B, 1, n_k, d_hidden)") from None
-    if not isinstance(got, torch.Tensor):
-        raise AssertionError(f"fn must return a tensor of scores, got {type(got).__name__}")
-    want = additive(Q, K, W_1, W_2, w)
-    if tuple(got.shape) == (B, n_k, n_q):
-        raise AssertionError(f"your scores have shape (B, n_k, n_q) = {(B, n_k, n_q)}: transposed; row i must hold "
-                             f"query i's scores over the keys, (B, n_q, n_k) = {(B, n_q, n_k)}")
-    if tuple(got.shape) != (B, n_q, n_k):
-        raise AssertionError(f"your scores have shape {tuple(got.shape)}, expected (B, n_q, n_k) = {(B, n_q, n_k)}")
-    if close_to(got, want):
-        print("check_additive_scores: your additive scores match s_ij = w . tanh(W_1 q_i + W_2 k_j)")
-        return
-    suspects = {
-        "W_1 and W_2 swapped (W_1 transforms the queries, W_2 the keys)": additive(Q, K, W_2, W_1, w),
+    mistakes = {f"your scores equal {what}": mutant for what, mutant in {
+        "W_1 and W_2 swapped (W_1 transforms the queries, W_2 the keys)":
+            lambda Q, K, W_1, W_2, w: additive(Q, K, W_2, W_1, w),
         "no tanh: without it the score is linear, s_ij = w.W_1 q_i + w.W_2 k_j, and the query's term is the "
-        "same for every key, so it cancels in the softmax": additive(Q, K, W_1, W_2, w, act=lambda t: t),
-        "dot-product scores Q K^T, not additive ones": Q @ K.transpose(-2, -1),
+        "same for every key, so it cancels in the softmax":
+            lambda Q, K, W_1, W_2, w: additive(Q, K, W_1, W_2, w, act=lambda t: t),
+        "dot-product scores Q K^T, not additive ones": lambda Q, K, W_1, W_2, w: Q @ K.transpose(-2, -1),
         "tanh applied after the product with w (it goes inside, on W_1 q_i + W_2 k_j)":
-            torch.tanh((Q @ W_1.T)[:, :, None, :] @ w[:, None] + (K @ W_2.T)[:, None, :, :] @ w[:, None])[..., 0],
-    }
-    for description, wrong in suspects.items():
-        if close_to(got, wrong):
-            raise AssertionError(f"your scores equal {description}")
-    raise AssertionError(f"your scores differ from w . tanh(W_1 q_i + W_2 k_j) by up to "
-                         f"{(got.double() - want).abs().max():.2g}")
+            lambda Q, K, W_1, W_2, w: torch.tanh((Q @ W_1.T)[:, :, None, :] @ w[:, None]
+                                                 + (K @ W_2.T)[:, None, :, :] @ w[:, None])[..., 0]}.items()}
+    mistakes["transposed; row i must hold query i's scores over the keys"] = lambda *_: torch.Size((B, n_k, n_q))
+    grade(fn, additive, {"": (Q, K, W_1, W_2, w)}, mistakes, against="w . tanh(W_1 q_i + W_2 k_j)",
+          shape="(B, n_q, n_k) = ", crash=". W_1 and W_2 have shape (d_hidden, d_k), as an nn.Linear weight: W_1 q_i "
+          "for all queries is Q @ W_1.T, and the sum needs broadcasting: (B, n_q, 1, d_hidden) + (B, 1, n_k, d_hidden)")
+    print("check_additive_scores: your additive scores match s_ij = w . tanh(W_1 q_i + W_2 k_j)")
 
 
 # %% ../../chapters/01_attention.ipynb #c036b2

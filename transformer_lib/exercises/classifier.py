@@ -7,7 +7,7 @@ __all__ = ['check_pooling', 'check_cls_at_end', 'check_few_labels', 'check_class
 import torch
 
 from ..classifier import ClassifierConfig, SequenceClassifier, pool
-from .grading import close_to
+from .grading import grade
 from .positional import check_learned_positions
 
 
@@ -30,30 +30,20 @@ def check_pooling(fn, trials: int = 4) -> None:
     formulas (transformer_lib.classifier.pool). Raises AssertionError naming the mistake; prints a verdict."""
     g = torch.Generator().manual_seed(0)
     for method in ("mean", "max"):
+        mistakes = {"mean": {"padding counted in the mean (divided by S, not by the number of real tokens)":
+                             lambda h, keep, m: (h * keep[..., None]).sum(1) / h.size(1),
+                             "the mask is ignored: the mean includes the padded positions": lambda h, keep, m: h.mean(1)},
+                    "max": {"the mask is ignored: the max can pick a padded position": lambda h, keep, m: h.amax(1)}}
+        mistakes = {**mistakes[method], "a sequence with no real token must pool to zeros (NaN or anything else is "
+                    "wrong there: divide by max(count, 1); replace -inf by 0)": lambda h, keep, m: torch.where(
+                        keep.any(1, keepdim=True), pool(h, keep, m), float("nan"))}
+        cases = {}
         for with_empty in (False, True):
             for _ in range(trials):
                 hidden, keep = _case(g, int(torch.randint(3, 9, (1,), generator=g)), with_empty)
-                got = fn(hidden.clone(), keep.clone(), method)
-                want = pool(hidden, keep, method)
-                assert isinstance(got, torch.Tensor), f"{method}: return a tensor, got {type(got).__name__}"
-                assert got.shape == want.shape, f"{method}: expected shape (B, d) = {tuple(want.shape)}, got {tuple(got.shape)}"
-                if close_to(got, want):
-                    continue
-                if got.isnan().any():
-                    raise AssertionError(f"{method}: NaN in the result: a sequence with no real token must pool to "
-                                         "zeros (divide by max(count, 1); replace -inf by 0)")
-                mistakes = {"mean": {"padding counted in the mean (divided by S, not by the number of real tokens)":
-                                     (hidden * keep[..., None]).sum(1) / hidden.size(1),
-                                     "the mask is ignored: the mean includes the padded positions": hidden.mean(1)},
-                            "max": {"the mask is ignored: the max can pick a padded position": hidden.amax(1)}}
-                for mistake, value in mistakes[method].items():
-                    if close_to(got, value):
-                        raise AssertionError(f"{method}: {mistake}")
-                if with_empty and close_to(got[:-1], want[:-1]):
-                    raise AssertionError(f"{method}: right for real sequences, but a sequence with no real token "
-                                         "must pool to zeros")
-                raise AssertionError(f"{method}: wrong values (max difference "
-                                     f"{(got.double() - want).abs().max().item():.3g}) on hidden {tuple(hidden.shape)}")
+                cases[f"{method} on hidden {tuple(hidden.shape)}{' with an empty row' if with_empty else ''}"] = (
+                    hidden, keep, method)
+        grade(fn, pool, cases, mistakes, against="the masked formula", shape="(B, d) = ")
     print("check_pooling: correct for masked mean and max, with padding and empty sequences")
 
 def _cls_cases(g):

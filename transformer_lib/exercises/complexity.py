@@ -10,6 +10,7 @@ import torch
 
 from ..complexity import count_flops, transformer_flops
 from ..encoder import EncoderLayer
+from .grading import close_to, grade, number
 from ..model import TransformerConfig
 
 
@@ -18,31 +19,29 @@ def check_encoder_layer_flops(fn, seed: int = 0) -> None:
     input against FlopCounterMode, on 5 random sizes. Raises AssertionError naming the mistake (products counted
     as m k p, a missing projection, n^2 term or FFN); prints a verdict."""
     rng = random.Random(seed)
+    flops = {}                                                  # (B, n, d_model, d_ff): FlopCounterMode's count
     for _ in range(5):
         h = rng.choice([1, 2, 4])
         B, n, d, d_ff = rng.randint(1, 3), rng.randint(2, 9), 2 * h * rng.randint(1, 3), rng.randint(3, 20)
         with torch.random.fork_rng():                           # leaves the reader's random state alone
-            expected = count_flops(EncoderLayer(d, h, d_ff, dropout=0.0).eval(), torch.randn(B, n, d))
-        got = fn(B, n, d, d_ff)
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = got.item()
-        if got == expected:
-            continue
-        where = f"B={B}, n={n}, d_model={d}, d_ff={d_ff}: expected {expected} FLOPs, got {got}"
-        hints = {
-            expected // 2: "half: a product of (m x k) and (k x p) matrices is 2·m·k·p FLOPs (multiply and add), "
-                           "not m·k·p",
-            expected - 4 * B * n * n * d: "the n^2 terms (Q K^T and weights V, 2·2·B·n·n·d_model) are missing",
-            expected - 2 * B * n * n * d: "one of the two n^2 products is missing: Q K^T and weights V each cost "
-                                          "2·B·n·n·d_model",
-            expected - 2 * B * n * d * d: "one d_model x d_model projection is missing: W_q, W_k, W_v and W_o "
-                                          "make four",
-            expected - 4 * B * n * d * d_ff: "the feed-forward network (two products, 2·2·B·n·d_model·d_ff) is "
-                                             "missing",
-        }
-        if got in hints:
-            raise AssertionError(f"{where}: {hints[got]}")
-        raise AssertionError(f"{where} (off by {got - expected:+})")
+            flops[B, n, d, d_ff] = count_flops(EncoderLayer(d, h, d_ff, dropout=0.0).eval(), torch.randn(B, n, d))
+
+    def less(term):                                             # the count without a term
+        return lambda B, n, d, d_ff: flops[B, n, d, d_ff] - term(B, n, d, d_ff)
+    mistakes = {
+        "half: a product of (m x k) and (k x p) matrices is 2·m·k·p FLOPs (multiply and add), not m·k·p":
+            lambda *case: flops[case] // 2,
+        "the n^2 terms (Q K^T and weights V, 2·2·B·n·n·d_model) are missing": less(lambda B, n, d, f: 4 * B * n * n * d),
+        "one of the two n^2 products is missing: Q K^T and weights V each cost 2·B·n·n·d_model":
+            less(lambda B, n, d, f: 2 * B * n * n * d),
+        "one d_model x d_model projection is missing: W_q, W_k, W_v and W_o make four":
+            less(lambda B, n, d, f: 2 * B * n * d * d),
+        "the feed-forward network (two products, 2·2·B·n·d_model·d_ff) is missing":
+            less(lambda B, n, d, f: 4 * B * n * d * f),
+    }
+    grade(fn, lambda *case: flops[case], {f"B={B}, n={n}, d_model={d}, d_ff={d_ff}": (B, n, d, d_ff)
+                                          for B, n, d, d_ff in flops}, mistakes, scale=1e-5,
+          says="expected {want} FLOPs, got {got:g}", hint=lambda got, *case: f" (off by {got - flops[case]:+g})")
     print("check_encoder_layer_flops: correct on 5 random sizes")
 
 # %% ../../chapters/09_complexity.ipynb #c039b
@@ -50,35 +49,24 @@ def check_crossover(fn) -> None:
     """Test fn(d_model, d_ff) -> the length n at which an encoder layer's n^2 term (Q K^T and weights V,
     4 n^2 d) equals all its n d^2 terms (four projections 8 n d^2, FFN 4 n d d_ff), for several widths,
     d_ff = 4 d_model and others. Raises AssertionError naming the mistake; prints a verdict."""
-    for d, d_ff in ((512, 2048), (64, 100), (16, 64), (1024, 4096), (8, 8)):
-        want = 2 * d + d_ff                                   # 4 n^2 d = 8 n d^2 + 4 n d d_ff
-        got = fn(d, d_ff)
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = got.item()
-        if isinstance(got, bool) or not hasattr(got, "__float__"):
-            raise AssertionError(f"expected a number, got {type(got).__name__} {got!r}")
-        got = float(got)
-        if abs(got - want) <= 1e-9 * want:
-            continue
-        where = f"d_model={d}, d_ff={d_ff}: you return {got:g}, expected {want}"
-        wrong = {
-            d_ff: "that is where the n^2 term equals the FFN alone (n = d_ff): the four projections' 8 n d^2 "
-                  "count too (they add 2 d_model)",
-            2 * d: "that is where the n^2 term equals the four projections alone (n = 2 d_model): the FFN's "
-                   "4 n d d_ff counts too (it adds d_ff)",
-            6 * d: "that is 6 d_model, right only for d_ff = 4 d_model: keep d_ff as a parameter",
-            4 * d + 2 * d_ff: "that counts only Q K^T as the n^2 term (2 n^2 d): weights V costs as much again",
-            d + d_ff: "that counts each projection as d^2 per token: a product costs 2 FLOPs (multiply and add) "
-                      "per weight, like the other terms",
-            2 * d_ff + d: "that mixes up d_model and d_ff: n = 2 d_model + d_ff",
-        }
-        if d_ff != 4 * d and abs(got - (2 * d + 4 * d)) < 1e-9 * want:
-            raise AssertionError(f"{where}: {wrong[6 * d]}")
-        for value, why in wrong.items():
-            if abs(got - value) <= 1e-9 * max(value, 1):
-                raise AssertionError(f"{where}: {why}")
-        raise AssertionError(f"{where} (off by {got - want:+g}): at n = {want} the n^2 term 4 n^2 d equals "
-                             f"8 n d^2 + 4 n d d_ff")
+    mistakes = {
+        "that is where the n^2 term equals the FFN alone (n = d_ff): the four projections' 8 n d^2 count too (they "
+        "add 2 d_model)": lambda d, d_ff: d_ff,
+        "that is where the n^2 term equals the four projections alone (n = 2 d_model): the FFN's 4 n d d_ff counts "
+        "too (it adds d_ff)": lambda d, d_ff: 2 * d,
+        "that is 6 d_model, right only for d_ff = 4 d_model: keep d_ff as a parameter": lambda d, d_ff: 6 * d,
+        "that counts only Q K^T as the n^2 term (2 n^2 d): weights V costs as much again":
+            lambda d, d_ff: 4 * d + 2 * d_ff,
+        "that counts each projection as d^2 per token: a product costs 2 FLOPs (multiply and add) per weight, like "
+        "the other terms": lambda d, d_ff: d + d_ff,
+        "that mixes up d_model and d_ff: n = 2 d_model + d_ff": lambda d, d_ff: 2 * d_ff + d,
+    }
+    grade(fn, lambda d, d_ff: 2 * d + d_ff,                      # 4 n^2 d = 8 n d^2 + 4 n d d_ff
+          {f"d_model={d}, d_ff={d_ff}": (d, d_ff) for d, d_ff in ((512, 2048), (64, 100), (16, 64), (1024, 4096),
+                                                                 (8, 8))},
+          mistakes, scale=1e-5, says="you return {got:g}, expected {want}",
+          hint=lambda got, d, d_ff: f" (off by {got - (2 * d + d_ff):+g}): at n = {2 * d + d_ff} the n^2 term "
+                                    f"4 n^2 d equals 8 n d^2 + 4 n d d_ff")
     print("check_crossover: correct for 5 widths (n = 2 d_model + d_ff; 6 d_model when d_ff = 4 d_model)")
 
 
@@ -89,35 +77,31 @@ def check_tokens_per_second(fn) -> None:
     cases = [(TransformerConfig.base(), 16, 128, 128, 1e14), (TransformerConfig.base(), 8, 100, 60, 2e13),
              (TransformerConfig(1000, 1000, d_model=64, num_heads=4, d_ff=256, num_encoder_layers=2,
                                 num_decoder_layers=3), 4, 30, 50, 1e12)]
-    for config, B, S, T, F in cases:
-        step = transformer_flops(config, B, S, T, backward=True)
-        want = B * T * F / step
-        got = fn(config, B, S, T, F)
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = got.item()
-        if isinstance(got, bool) or not hasattr(got, "__float__"):
-            raise AssertionError(f"expected a number, got {type(got).__name__} {got!r}")
-        got = float(got)
-        unfused = B * T * F / transformer_flops(config, B, S, T, backward=True, fused=False)
-        if abs(got - want) <= 1e-6 * want or abs(got - unfused) <= 1e-6 * unfused:
-            continue
-        where = f"B={B}, S={S}, T={T}, F={F:.0e}: you return {got:,.6g} tokens/s, expected {want:,.6g}"
-        forward = transformer_flops(config, B, S, T)
-        wrong = {
-            B * T * F / forward: "that counts the forward pass only: a training step also runs backward "
-                                 "(about 2x the forward FLOPs): use transformer_flops(..., backward=True)",
-            B * T * F / (3 * step): "that multiplies by 3 twice: backward=True already counts forward + backward",
-            B * S * F / step: "that counts the source tokens (B x S): count the target tokens, B x T, the ones "
-                              "the model learns to predict",
-            B * (S + T) * F / step: "that counts source and target tokens (B x (S + T)): count the target "
-                                    "tokens, B x T",
-            T * F / step: "that counts the tokens of one sentence: a step trains B x T target tokens",
-            B * F / step: "that counts sentences (B per step), not tokens: a step trains B x T target tokens",
-            step / (B * T * F): "that is seconds per token, not tokens per second",
-        }
-        for value, why in wrong.items():
-            if abs(got - value) <= 1e-6 * value:
-                raise AssertionError(f"{where}: {why}")
-        raise AssertionError(f"{where} ({got / want:.3g}x): one step costs transformer_flops(config, B, S, T, "
-                             f"backward=True) = {step:.4g} FLOPs and trains B x T = {B * T} target tokens")
+    def rate(tokens, step=lambda c, B, S, T: transformer_flops(c, B, S, T, backward=True)):
+        return lambda config, B, S, T, F: tokens(B, S, T) * F / step(config, B, S, T)
+    mistakes = {
+        "that counts the forward pass only: a training step also runs backward (about 2x the forward FLOPs): use "
+        "transformer_flops(..., backward=True)": rate(lambda B, S, T: B * T, transformer_flops),
+        "that multiplies by 3 twice: backward=True already counts forward + backward":
+            rate(lambda B, S, T: B * T / 3),
+        "that counts the source tokens (B x S): count the target tokens, B x T, the ones the model learns to "
+        "predict": rate(lambda B, S, T: B * S),
+        "that counts source and target tokens (B x (S + T)): count the target tokens, B x T":
+            rate(lambda B, S, T: B * (S + T)),
+        "that counts the tokens of one sentence: a step trains B x T target tokens": rate(lambda B, S, T: T),
+        "that counts sentences (B per step), not tokens: a step trains B x T target tokens": rate(lambda B, S, T: B),
+        "that is seconds per token, not tokens per second": lambda config, B, S, T, F: 1 / rate(
+            lambda B, S, T: B * T)(config, B, S, T, F),
+    }
+    right, unfused = rate(lambda B, S, T: B * T), rate(
+        lambda B, S, T: B * T, lambda c, B, S, T: transformer_flops(c, B, S, T, backward=True, fused=False))
+
+    def answer(*inputs):                                    # the unfused attention's FLOPs are right too
+        got = number(fn(*inputs), "fn(config, B, S, T, F)")
+        return right(*inputs) if close_to(got, unfused(*inputs), scale=1e-2) else got
+    grade(answer, right, {f"B={B}, S={S}, T={T}, F={F:.0e}": (config, B, S, T, F) for config, B, S, T, F in cases},
+          mistakes, scale=1e-2, says="you return {got:,.6g} tokens/s, expected {want:,.6g}",
+          hint=lambda got, config, B, S, T, F: f" ({got / right(config, B, S, T, F):.3g}x): one step costs "
+               f"transformer_flops(config, B, S, T, backward=True) = {transformer_flops(config, B, S, T, backward=True):.4g}"
+               f" FLOPs and trains B x T = {B * T} target tokens")
     print("check_tokens_per_second: correct on 3 models and lengths")

@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..distributed import rng_state, set_rng_state
-from .grading import close_to
+from .grading import close_to, grade
 
 
 # --- Exercise 1: who reads what --------------------------------------------------------------------------
@@ -130,27 +130,23 @@ def check_token_mean_loss(fn, dtype=torch.float64, seed: int = 0) -> None:
     shards hold different numbers of tokens, averages the ranks' gradients as DDP does, and compares with the
     gradient of the token mean of the whole batch in one process. Names the per-rank mean, a forgotten factor
     world_size and an unnormalised sum."""
-    for world_size in (2, 4):
-        got, want = _shard_gradients(fn, world_size, dtype, seed)
-        if close_to(got.to(dtype), want):
-            continue
-        suspects = {
-            "per-rank mean: ranks with fewer tokens weigh more. Each rank's mean divides by its own token count, and "
-            "DDP averages the ranks, so a token of a short shard counts more than one of a long shard; divide by "
-            "the global count n_global (section 13.3)": lambda s, n, N, W: s / n,
-            "the gradient is world_size times too small: DDP averages (divides by W) the ranks' gradients, so "
-            "multiply each rank's sum by world_size before dividing by n_global": lambda s, n, N, W: s / N,
-            "the sum is not normalised: divide it by the global token count n_global (times world_size, "
-            "which DDP's average divides out)": lambda s, n, N, W: s,
-            "per-rank mean times world_size: the token counts of the ranks still differ; use n_global":
-                lambda s, n, N, W: s * W / n,
-        }
-        for message, wrong in suspects.items():
-            if close_to(got.to(dtype), _shard_gradients(wrong, world_size, dtype, seed)[0]):
-                raise AssertionError(f"{world_size} ranks: {message}")
-        ratio = (got.norm() / want.norm()).item()
-        raise AssertionError(f"{world_size} ranks: the averaged gradient differs from one process's token-mean "
-                             f"gradient (norm ratio {ratio:.3g}, max difference {(got - want).abs().max().item():.2g})")
+    mistakes = {
+        "per-rank mean: ranks with fewer tokens weigh more. Each rank's mean divides by its own token count, and "
+        "DDP averages the ranks, so a token of a short shard counts more than one of a long shard; divide by "
+        "the global count n_global (section 13.3)": lambda s, n, N, W: s / n,
+        "the gradient is world_size times too small: DDP averages (divides by W) the ranks' gradients, so "
+        "multiply each rank's sum by world_size before dividing by n_global": lambda s, n, N, W: s / N,
+        "the sum is not normalised: divide it by the global token count n_global (times world_size, "
+        "which DDP's average divides out)": lambda s, n, N, W: s,
+        "per-rank mean times world_size: the token counts of the ranks still differ; use n_global":
+            lambda s, n, N, W: s * W / n,
+    }
+    grade(lambda world_size: _shard_gradients(fn, world_size, dtype, seed)[0].to(dtype),
+          lambda world_size: _shard_gradients(lambda s, n, N, W: s * W / N, world_size, torch.float64, seed)[1],
+          {f"{world_size} ranks": (world_size,) for world_size in (2, 4)},
+          {message: lambda world_size, wrong=wrong: _shard_gradients(wrong, world_size, dtype, seed)[0]
+           for message, wrong in mistakes.items()},
+          name="the ranks' averaged gradient", against="one process's token-mean gradient")
     print("check_token_mean_loss: 2 and 4 simulated ranks with unequal token counts give one process's gradient")
 
 
@@ -199,38 +195,33 @@ def check_accumulate(fn, dtype=torch.float64, K: int = 4, lr: float = 0.1, seed:
     gradients carried over from the previous step."""
     model, batches = _tiny_regression(dtype, seed)
     want = _accumulated_steps(copy.deepcopy(model), batches, 1, lr)              # two full-batch steps
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    for x, y in batches:
-        fn(model, optimizer, _mse, list(zip(x.chunk(K), y.chunk(K), strict=True)))
-    got = [p.detach() for p in model.parameters()]
-    if all(close_to(a, b) for a, b in zip(got, want, strict=True)):
-        print(f"check_accumulate: {K} accumulated micro-batches give the full-batch step (two steps, SGD)")
-        return
-    untouched, _ = _tiny_regression(dtype, seed)
-    if all(torch.equal(a, b) for a, b in zip(got, untouched.parameters(), strict=True)):
-        raise AssertionError("the weights did not change: call optimizer.step() once the micro-batches are done")
-    suspects = {
+
+    def steps(**mistake):                                    # a fresh model, built only when it is needed
+        return lambda: _accumulated_steps(_tiny_regression(dtype, seed)[0], batches, K, lr, **mistake)
+
+    def accumulated():
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        for x, y in batches:
+            fn(model, optimizer, _mse, list(zip(x.chunk(K), y.chunk(K), strict=True)))
+        return [p.detach() for p in model.parameters()]
+    grade(accumulated, lambda: want, {"": ()}, {
+        "the weights did not change: call optimizer.step() once the micro-batches are done":
+            lambda: [p.detach().double() for p in _tiny_regression(dtype, seed)[0].parameters()],
         f"forgot to divide: each micro-batch's mean loss must be divided by the number of micro-batches ({K}), or "
-        f"the summed gradient is {K} times the full batch's": dict(divide=False),
+        f"the summed gradient is {K} times the full batch's": steps(divide=False),
         "zeroed grads between micro-batches: only the last micro-batch's gradient reaches the step; zero them once "
-        "per optimizer step": dict(zero_between=True),
+        "per optimizer step": steps(zero_between=True),
         "zeroed grads between micro-batches (and no division): only the last micro-batch counts":
-            dict(zero_between=True, divide=False),
+            steps(zero_between=True, divide=False),
         f"stepped every micro-batch: that is {K} small steps, not one step with the summed gradient; call "
-        "optimizer.step() once, after the last micro-batch": dict(step_each=True),
-        f"stepped every micro-batch (and no division): {K} steps instead of one": dict(step_each=True, divide=False),
+        "optimizer.step() once, after the last micro-batch": steps(step_each=True),
+        f"stepped every micro-batch (and no division): {K} steps instead of one": steps(step_each=True, divide=False),
         "gradients carried over from the previous step: zero them after optimizer.step() (or before the first "
-        "micro-batch)": dict(zero_after=False),
+        "micro-batch)": steps(zero_after=False),
         "gradients carried over from the previous step, and not divided by the number of micro-batches":
-            dict(zero_after=False, divide=False),
-    }
-    for message, mistake in suspects.items():
-        model, _ = _tiny_regression(dtype, seed)
-        wrong = _accumulated_steps(model, batches, K, lr, **mistake)
-        if all(close_to(a, b) for a, b in zip(got, wrong, strict=True)):
-            raise AssertionError(message)
-    diff = max((a.double() - b).abs().max().item() for a, b in zip(got, want, strict=True))
-    raise AssertionError(f"after two steps your weights differ from two full-batch steps by up to {diff:.2g}")
+            steps(zero_after=False, divide=False)},
+          name="your model after two steps", against="two full-batch steps")
+    print(f"check_accumulate: {K} accumulated micro-batches give the full-batch step (two steps, SGD)")
 
 
 # --- Exercise 4: what a resumed run must restore ---------------------------------------------------------------

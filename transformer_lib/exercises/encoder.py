@@ -7,7 +7,7 @@ __all__ = ['check_encoder_layer', 'check_left_pad_positions', 'check_balance_d_f
 import torch
 
 from ..encoder import EncoderLayer
-from .grading import close_to
+from .grading import Verdict, grade
 
 
 def _encoder_layer_variant(layer, x, mask, norm_first, residual=(True, True), ffn=True):
@@ -23,20 +23,17 @@ def _encoder_layer_variant(layer, x, mask, norm_first, residual=(True, True), ff
     return x
 
 
-def _encoder_layer_suspects(layer, x, mask, norm_first, other_placement: str) -> dict:
-    """The usual wrong encoder layers, computed with the book's layer: {what is wrong: its output}."""
-    suspects = {
-        other_placement: _encoder_layer_variant(layer, x, mask, not norm_first),
-        "a layer without the residual connection around self-attention":
-            _encoder_layer_variant(layer, x, mask, norm_first, residual=(False, True)),
-        "a layer without the residual connection around the feed-forward network":
-            _encoder_layer_variant(layer, x, mask, norm_first, residual=(True, False)),
-        "self-attention alone: the feed-forward sub-layer is missing":
-            _encoder_layer_variant(layer, x, mask, norm_first, ffn=False),
-    }
-    if mask is not None:
-        suspects["a layer that ignores the padding mask (padded keys were attended to)"] = layer(x, None)
-    return suspects
+def _encoder_layer_mistakes(layer, norm_first, other_placement: str) -> dict:
+    """The usual wrong encoder layers, computed with the book's layer: grade's {message: mutant(x, mask)}."""
+    def variant(**change):
+        return lambda x, mask: _encoder_layer_variant(layer, x, mask, **{"norm_first": norm_first, **change})
+    return {f"your output equals {what}": mutant for what, mutant in {
+        other_placement: variant(norm_first=not norm_first),
+        "a layer without the residual connection around self-attention": variant(residual=(False, True)),
+        "a layer without the residual connection around the feed-forward network": variant(residual=(True, False)),
+        "self-attention alone: the feed-forward sub-layer is missing": variant(ffn=False),
+        "a layer that ignores the padding mask (padded keys were attended to)":
+            lambda x, mask: None if mask is None else layer(x, None)}.items()}
 
 
 def _call_without_shortcuts(fn, layer, x, mask):
@@ -58,7 +55,7 @@ def _call_without_shortcuts(fn, layer, x, mask):
         for module in (layer, layer.sublayer1, layer.sublayer2):
             del module.forward                                   # the class's forward again
         if used:                                                 # also when fn caught the error itself
-            raise AssertionError(f"you called {used[0]}(...): the exercise asks you to compute the layer from "
+            raise Verdict(f"you called {used[0]}(...): the exercise asks you to compute the layer from "
                                  f"layer.self_attn, layer.feed_forward and the two norms, without calling it")
 
 
@@ -79,26 +76,11 @@ def check_encoder_layer(fn, trials: int = 4) -> None:
             lengths = torch.randint(1, S + 1, (B,), generator=gen)
             mask = None if trial == 0 else (torch.arange(S) < lengths[:, None])[:, None, None, :]
             where = f"(norm_first={norm_first}, x {tuple(x.shape)}, mask {'None' if mask is None else 'padding'})"
+            mistakes = _encoder_layer_mistakes(
+                layer, norm_first, "the other norm placement (post-norm vs pre-norm): check layer.sublayer1.norm_first")
             with torch.no_grad():
-                expected = layer(x, mask)
-                got = _call_without_shortcuts(fn, layer, x.clone(), mask)
-            if not isinstance(got, torch.Tensor):
-                raise AssertionError(f"{where}: expected a tensor, got {type(got).__name__}")
-            if got.shape != expected.shape:
-                raise AssertionError(f"{where}: expected shape {tuple(expected.shape)} (B, S, d_model), "
-                                     f"got {tuple(got.shape)}")
-            if close_to(got, expected):
-                continue
-            with torch.no_grad():
-                suspects = _encoder_layer_suspects(
-                    layer, x, mask, norm_first,
-                    "the other norm placement (post-norm vs pre-norm): check layer.sublayer1.norm_first")
-            for description, wrong in suspects.items():
-                if close_to(got, wrong):
-                    raise AssertionError(f"{where}: your output equals {description}")
-            err = (got.double() - expected).abs()
-            b_, s_ = divmod(int(err.amax(-1).argmax()), S)
-            raise AssertionError(f"{where}: max |difference| {err.max():.3e}, first at batch {b_}, position {s_}")
+                grade(lambda x, mask, layer=layer: _call_without_shortcuts(fn, layer, x, mask), layer, {where: (x, mask)},
+                      mistakes, against="EncoderLayer.forward", shape="(B, S, d_model) = ")
     print(f"check_encoder_layer: all {2 * trials} random layers match (post-norm and pre-norm, with and "
           "without padding)")
 
@@ -168,44 +150,29 @@ def check_balance_d_ff(fn) -> None:
     """Test fn(d_model) -> the d_ff (a real number, not rounded) at which an encoder layer's self-attention
     and FFN hold equally many parameters, biases included, for several widths. Raises AssertionError naming the
     mistake (forgotten biases, one projection instead of four, one FFN matrix, ...); prints a verdict."""
-    for d in (8, 64, 512, 1024):
-        want = _budget_reference(d)                                         # (4d^2 + 3d) / (2d + 1)
-        got = fn(d)
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = got.item()
-        if isinstance(got, bool) or not hasattr(got, "__float__"):
-            raise AssertionError(f"expected a number, got {type(got).__name__} {got!r}")
-        got = float(got)
-        if abs(got - want) <= 1e-6 * want:
-            continue
-        wrong = {
-            "that is the balance without the biases (4 d^2 = 2 d d_ff), or the exact answer rounded: attention "
-            "holds 4 d^2 + 4 d, the FFN 2 d d_ff + d_ff + d; return the exact real solution":
-                2 * d,
-            "that counts one projection of attention's four (W_q, W_k, W_v, W_o: 4 d^2 + 4 d in all)":
-                d * d / (2 * d + 1),
-            "that counts one projection of attention's four, without biases (attention holds 4 d^2 + 4 d)":
-                d / 2,
-            "that forgets the output projection W_o: attention has four d x d matrices, not three":
-                (3 * d * d + 2 * d) / (2 * d + 1),
-            "that is 4 d_model: the base model's d_ff (where the FFN holds twice attention's parameters), or a "
-            "count of only linear1 (d x d_ff + d_ff): linear2 (d_ff x d) grows with d_ff too":
-                4 * d,
-            "that counts only linear2 (d_ff x d + d): linear1 (d x d_ff + d_ff) grows with d_ff too":
-                (4 * d * d + 3 * d) / d,
-        }
-        for why, value in wrong.items():
-            if abs(got - value) <= 1e-6 * max(abs(value), 1):
-                raise AssertionError(f"d_model={d}: you return {got:.6g}, expected {want:.6g}: {why}")
-        raise AssertionError(f"d_model={d}: you return {got:.6g}, expected {want:.6g} (off by {got - want:+.3g}); "
-                             f"at your d_ff, attention holds 4 d^2 + 4 d = {4 * d * d + 4 * d:,} and the FFN "
-                             f"2 d d_ff + d_ff + d = {(2 * d + 1) * got + d:,.0f}")
+    mistakes = {
+        "that is the balance without the biases (4 d^2 = 2 d d_ff), or the exact answer rounded: attention holds "
+        "4 d^2 + 4 d, the FFN 2 d d_ff + d_ff + d; return the exact real solution": lambda d: 2 * d,
+        "that counts one projection of attention's four (W_q, W_k, W_v, W_o: 4 d^2 + 4 d in all)":
+            lambda d: d * d / (2 * d + 1),
+        "that counts one projection of attention's four, without biases (attention holds 4 d^2 + 4 d)": lambda d: d / 2,
+        "that forgets the output projection W_o: attention has four d x d matrices, not three":
+            lambda d: (3 * d * d + 2 * d) / (2 * d + 1),
+        "that is 4 d_model: the base model's d_ff (where the FFN holds twice attention's parameters), or a count of "
+        "only linear1 (d x d_ff + d_ff): linear2 (d_ff x d) grows with d_ff too": lambda d: 4 * d,
+        "that counts only linear2 (d_ff x d + d): linear1 (d x d_ff + d_ff) grows with d_ff too":
+            lambda d: (4 * d * d + 3 * d) / d,
+    }
+    grade(fn, _budget_reference, {f"d_model={d}": (d,) for d in (8, 64, 512, 1024)}, mistakes, scale=1e-2,
+          says="you return {got:.6g}, expected {want:.6g}",
+          hint=lambda got, d: f" (off by {got - _budget_reference(d):+.3g}); at your d_ff, attention holds "
+                              f"4 d^2 + 4 d = {4 * d * d + 4 * d:,} and the FFN 2 d d_ff + d_ff + d = "
+                              f"{(2 * d + 1) * got + d:,.0f}")
     print("check_balance_d_ff: correct for d_model = 8, 64, 512, 1024")
 
 # %% ../../chapters/06_encoder.ipynb #c033c
 # --- a reader's own EncoderLayer class (for `python -m transformer_lib.check` and readers who write modules)
-from .attention import copy_weights
-from .multi_head import _build, _forward_any_dtype
+from .grading import module_answer, reader_module
 
 
 def check_encoder_layer_module(cls, seed: int = 0) -> None:
@@ -221,53 +188,26 @@ def check_encoder_layer_module(cls, seed: int = 0) -> None:
     x = torch.randn(B, S, d_model, generator=g, dtype=torch.float64)
     mask = (torch.arange(S) < torch.tensor([S, 3, 1])[:, None])[:, None, None, :]       # (B, 1, 1, S) padding
     checked = []
+    forms = {"post-norm": "LayerNorm(x + f(x))", "pre-norm": "x + f(LayerNorm(x))"}
     for norm_first in (False, True):
         with torch.random.fork_rng(devices=[]):                        # leave the caller's random state alone
             torch.manual_seed(seed)
             ref = EncoderLayer(d_model, h, d_ff, dropout=0.0, norm_first=norm_first).to(torch.float64).eval()
-            model, took = _build(cls, d_model, h, d_ff, dropout=0.0, norm_first=norm_first)
+            with torch.no_grad():
+                for p in ref.parameters():
+                    p.copy_(0.5 * torch.randn(p.shape, generator=g, dtype=torch.float64))
+            model, took, hint = reader_module(cls, ref, d_model, h, d_ff, dropout=0.0, norm_first=norm_first)
         if norm_first and "norm_first" not in took:
             break                                                      # a post-norm class only
-        if not isinstance(model, torch.nn.Module):
-            raise AssertionError(f"{cls.__name__}(d_model, num_heads, d_ff) must build an nn.Module, got "
-                                 f"{type(model).__name__}")
+        placement, other = ("pre-norm", "post-norm") if norm_first else ("post-norm", "pre-norm")
+        why = (f", as norm_first={norm_first} asks" if "norm_first" in took else
+               " (the paper's; give the constructor a norm_first argument to have a pre-norm layer checked as one)")
+        mistakes = _encoder_layer_mistakes(ref, norm_first, f"the other norm placement, {other} {forms[other]}, "
+                                                            f"where {placement} {forms[placement]} is expected{why}")
+        cases = {f"{placement}, no mask": (x, None), f"{placement}, padding mask": (x, mask)}
         with torch.no_grad():
-            for p in ref.parameters():
-                p.copy_(0.5 * torch.randn(p.shape, generator=g, dtype=torch.float64))
-        model = model.to(torch.float64).eval()
-        mapping = copy_weights(ref, model)
-        placement = "pre-norm" if norm_first else "post-norm"
-        dtype = None
-        for m in (None, mask):
-            where = f"{placement}, {'padding mask' if m is not None else 'no mask'}"
-            got, dtype = _forward_any_dtype(model, f"{where}: your forward", dtype, *((x,) if m is None else (x, m)))
-            with torch.no_grad():
-                want = ref(x, m)                                       # (B, S, d_model)
-            if not isinstance(got, torch.Tensor):
-                raise AssertionError(f"{where}: forward must return a tensor (B, S, d_model), got {type(got).__name__}")
-            if tuple(got.shape) != tuple(want.shape):
-                raise AssertionError(f"{where}: output shape {tuple(got.shape)}, expected (B, S, d_model) = "
-                                     f"{tuple(want.shape)}")
-            if close_to(got, want):
-                continue
-            with torch.no_grad():
-                forms = {"post-norm": "LayerNorm(x + f(x))", "pre-norm": "x + f(LayerNorm(x))"}
-                other = "pre-norm" if placement == "post-norm" else "post-norm"
-                why = (f", as norm_first={norm_first} asks" if "norm_first" in took else
-                       " (the paper's; give the constructor a norm_first argument to have a pre-norm layer checked "
-                       "as one)")
-                suspects = _encoder_layer_suspects(
-                    ref, x, m, norm_first,
-                    f"the other norm placement, {other} {forms[other]}, where {placement} {forms[placement]} is "
-                    f"expected{why}")
-            for description, wrong in suspects.items():
-                if close_to(got, wrong):
-                    raise AssertionError(f"{where}: your output equals {description}")
-            diff = (got.double() - want).abs().max().item()
-            how = "" if all(a == b for a, b in mapping.items()) else (
-                " (your parameters took the book's weights by shape: "
-                + ", ".join(f"{mine} <- {book}" for mine, book in mapping.items() if mine.endswith("weight")) + ")")
-            raise AssertionError(f"{where}: your output differs from EncoderLayer's by up to {diff:.2g}{how}")
+            grade(module_answer(model), ref, cases, mistakes, name="your forward", against="EncoderLayer",
+                  shape="(B, S, d_model) = ", hint=hint)
         checked.append(placement)
     print(f"check_encoder_layer_module: {cls.__name__} matches EncoderLayer ({' and '.join(checked)}, with and "
           "without padding)")

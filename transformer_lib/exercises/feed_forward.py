@@ -7,7 +7,7 @@ __all__ = ['check_feed_forward', 'check_swiglu_width', 'check_swiglu', 'check_ke
 import torch
 import torch.nn.functional as F
 
-from .grading import close_to, number
+from .grading import close_to, grade, number
 
 
 def _reference_ffn(x, W_1, b_1, W_2, b_2):
@@ -39,33 +39,18 @@ def check_feed_forward(fn, seed: int = 0) -> None:
         "GELU used instead of ReLU: the paper's activation is max(0, .)":
             lambda x: F.gelu(x @ W_1 + b_1) @ W_2 + b_2,
     }
-    for shape in [(2, 5, d_model), (7, d_model)]:
-        x = rand(*shape)
-        x_before = x.clone()
-        try:
-            out = fn(x, W_1, b_1, W_2, b_2)
-        except Exception as err:
-            raise AssertionError(
-                f"on x of shape {shape} your function raised {type(err).__name__}: {err}. Hint: W_1 has the "
-                f"paper's shape (d_model, d_ff) = {tuple(W_1.shape)}, so the first layer is x @ W_1 + b_1") from err
-        if not torch.equal(x, x_before):
-            raise AssertionError("your function changed x in place; compute new tensors instead")
-        if not isinstance(out, torch.Tensor) or out.shape != x.shape:
-            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise AssertionError(f"wrong shape: on x of shape {shape} expected output shape {shape}, got {got}")
-        expected = _reference_ffn(x, W_1, b_1, W_2, b_2)
-        if close_to(out, expected):
-            continue
-        for message, wrong in mistakes.items():
-            if close_to(out, wrong(x)):
-                raise AssertionError(message)
+
+    def mixed(at, x):                                              # change position 0 only: do the others move?
         x_moved = x.clone()
-        x_moved[..., 0, :] += 1.0                                  # change position 0 only
-        if not close_to(fn(x_moved, W_1, b_1, W_2, b_2)[..., 1:, :], out[..., 1:, :].double()):
-            raise AssertionError("positions are mixed: changing the input at position 0 changed the output at "
-                                 "other positions; the network must act on each position (last axis) alone")
-        error = (out.double() - expected).abs().max().item()
-        raise AssertionError(f"wrong values on x of shape {shape}: max |error| = {error:.3g}")
+        x_moved[..., 0, :] += 1.0
+        out, moved = (fn(y, W_1, b_1, W_2, b_2) for y in (x, x_moved))
+        return "" if close_to(moved[..., 1:, :], out[..., 1:, :].double()) else (
+            ": positions are mixed: changing the input at position 0 changed the output at other positions; the "
+            "network must act on each position (last axis) alone")
+    grade(lambda x: fn(x, W_1, b_1, W_2, b_2), lambda x: _reference_ffn(x, W_1, b_1, W_2, b_2),
+          {f"on x of shape {shape}": (rand(*shape),) for shape in [(2, 5, d_model), (7, d_model)]}, mistakes,
+          case_in_mistakes=False, pure="x", hint=mixed, crash=f". Hint: W_1 has the paper's shape (d_model, d_ff) = "
+                                                            f"{tuple(W_1.shape)}, so the first layer is x @ W_1 + b_1")
     print("check_feed_forward: correct on inputs of shape (2, 5, 6) and (7, 6)")
 
 
@@ -159,24 +144,10 @@ def check_swiglu(module_class, seed: int = 0) -> None:
         "Swish applied after W_2 instead of to x W": lambda x: _swish((x @ W * (x @ V)) @ W_2),
     }
     g = torch.Generator().manual_seed(seed)
-    for shape in [(2, 5, d_model), (7, d_model)]:
-        x = torch.randn(*shape, generator=g, dtype=torch.float64)
-        try:
-            with torch.no_grad():
-                out = module(x.to(module.W.weight.device, dtype))
-        except Exception as err:
-            raise AssertionError(f"on x of shape {shape} your module raised {type(err).__name__}: {err}") from err
-        if not isinstance(out, torch.Tensor) or out.shape != x.shape:
-            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise AssertionError(f"wrong shape: on x of shape {shape} expected output shape {shape}, got {got}")
-        expected = (_swish(x @ W) * (x @ V)) @ W_2
-        if close_to(out, expected):
-            continue
-        for message, wrong in mistakes.items():
-            if close_to(out, wrong(x)):
-                raise AssertionError(message)
-        error = (out.double().cpu() - expected).abs().max().item()
-        raise AssertionError(f"wrong values on x of shape {shape}: max |error| = {error:.3g}")
+    with torch.no_grad():
+        grade(lambda x: module(x.to(module.W.weight.device, dtype)), lambda x: (_swish(x @ W) * (x @ V)) @ W_2,
+              {f"on x of shape {shape}": (torch.randn(*shape, generator=g, dtype=torch.float64),)
+               for shape in [(2, 5, d_model), (7, d_model)]}, mistakes, name="your module", case_in_mistakes=False)
     print(f"check_swiglu: correct (in {str(dtype).replace('torch.', '')}) on inputs of shape (2, 5, 6) and (7, 6)")
 
 

@@ -7,7 +7,7 @@ __all__ = ['check_rope', 'check_gqa_cache_bytes', 'check_online_merge', 'check_l
 import torch
 
 from ..llama import RotaryEmbedding
-from .grading import close_to
+from .grading import grade
 
 
 def check_rope(fn) -> None:
@@ -15,36 +15,30 @@ def check_rope(fn) -> None:
     (offset + index)·base^(-2i/d_k), base 10000) against RotaryEmbedding, in float32. Raises AssertionError naming
     the mistake; prints a verdict."""
     g = torch.Generator().manual_seed(0)
-    for d_k, offset in ((8, 0), (16, 5), (64, 100)):
-        x = torch.randn(2, 3, 7, d_k, generator=g)
-        want = RotaryEmbedding(d_k)(x, offset)
-        got = fn(x.clone(), offset)
-        assert isinstance(got, torch.Tensor) and got.shape == x.shape, \
-            f"return a tensor of x's shape {tuple(x.shape)}, got {getattr(got, 'shape', type(got).__name__)}"
-        if close_to(got, want):
-            continue
-        half = d_k // 2
-        theta = 10000.0 ** (-torch.arange(half).float() * 2 / d_k)
-        m = torch.arange(offset, offset + 7).float()[:, None]
-        x1, x2 = x[..., :half], x[..., half:]
-        even, odd = x[..., 0::2], x[..., 1::2]
-        neighbours = torch.stack([even * (m * theta).cos() - odd * (m * theta).sin(),
-                                  odd * (m * theta).cos() + even * (m * theta).sin()], -1).flatten(-2)
-        mistakes = {
-            "the pairs are neighbours (2i, 2i+1) here: pair feature i with feature i + d_k/2 (the first half with "
-            "the second), as Hugging Face's Llama does": neighbours,
-            "the rotation turns the wrong way: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)":
-                RotaryEmbedding(d_k)(x, offset).neg().add(2 * x * torch.cat([(m * theta).cos()] * 2, -1)),
-            "the positions must start at offset (the tokens already cached), not at 0": RotaryEmbedding(d_k)(x, 0),
-            "the angles use base^(-i/d_k): the exponent is -2i/d_k for pair i": torch.cat(
-                [x1 * (m * theta.sqrt()).cos() - x2 * (m * theta.sqrt()).sin(),
-                 x2 * (m * theta.sqrt()).cos() + x1 * (m * theta.sqrt()).sin()], -1),
-        }
-        for message, wrong in mistakes.items():
-            if close_to(got, wrong):
-                raise AssertionError(f"d_k={d_k}, offset={offset}: {message}")
-        raise AssertionError(f"d_k={d_k}, offset={offset}: max difference from RoPE "
-                             f"{(got.double() - want.double()).abs().max().item():.2e}")
+
+    def turned(x, offset, slip):
+        """RoPE with one slip: "neighbours" (pairs (2i, 2i+1)), "backwards" or "i/d_k" (the exponent)."""
+        d_k, half = x.size(-1), x.size(-1) // 2
+        theta = 10000.0 ** (-torch.arange(half).float() * (1 if slip == "i/d_k" else 2) / d_k)
+        angle = torch.arange(offset, offset + x.size(-2)).float()[:, None] * theta
+        sign = -1 if slip == "backwards" else 1
+        (a, b), stack = ((x[..., 0::2], x[..., 1::2]), torch.stack) if slip == "neighbours" else (
+            (x[..., :half], x[..., half:]), torch.cat)
+        out = stack([a * angle.cos() - sign * b * angle.sin(), b * angle.cos() + sign * a * angle.sin()], -1)
+        return out.flatten(-2) if slip == "neighbours" else out
+    mistakes = {
+        "the pairs are neighbours (2i, 2i+1) here: pair feature i with feature i + d_k/2 (the first half with "
+        "the second), as Hugging Face's Llama does": lambda x, offset: turned(x, offset, "neighbours"),
+        "the rotation turns the wrong way: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)":
+            lambda x, offset: turned(x, offset, "backwards"),
+        "the positions must start at offset (the tokens already cached), not at 0":
+            lambda x, offset: RotaryEmbedding(x.size(-1))(x, 0),
+        "the angles use base^(-i/d_k): the exponent is -2i/d_k for pair i": lambda x, offset: turned(x, offset, "i/d_k"),
+    }
+    cases = {f"d_k={d_k}, offset={offset}": (torch.randn(2, 3, 7, d_k, generator=g), offset)
+             for d_k, offset in ((8, 0), (16, 5), (64, 100))}
+    grade(fn, lambda x, offset: RotaryEmbedding(x.size(-1))(x, offset), cases, mistakes, against="RoPE",
+          shape="x's shape, ")
     print("check_rope: equal to RotaryEmbedding on 3 cases (d_k 8, 16, 64)")
 
 
@@ -52,22 +46,16 @@ def check_gqa_cache_bytes(fn) -> None:
     """Test fn(num_layers, num_heads, num_kv_heads, d_model, bytes_per_number) -> the bytes a KV cache holds per
     token. Raises AssertionError naming the mistake; prints a verdict."""
     cases = [(32, 32, 32, 4096, 2), (80, 64, 8, 8192, 2), (4, 8, 1, 256, 4), (22, 32, 4, 2048, 2)]
-    for L, h, kv, d, b in cases:
-        got, want = fn(L, h, kv, d, b), 2 * L * kv * (d // h) * b
-        if not isinstance(got, (int, float)) or isinstance(got, bool):
-            raise AssertionError(f"return a number of bytes, got {type(got).__name__}")
-        if got == want:
-            continue
-        mistakes = {"every query head counted: the cache keeps num_kv_heads heads, not num_heads": 2 * L * h * (d // h) * b,
-                    "K or V forgotten: the cache keeps both (a factor 2)": L * kv * (d // h) * b,
-                    "the layers forgotten: every layer keeps its own K and V": 2 * kv * (d // h) * b,
-                    "a head is d_k = d_model / num_heads wide, not d_model": 2 * L * kv * d * b,
-                    "bits instead of bytes": 2 * L * kv * (d // h) * b * 8}
-        for message, wrong in mistakes.items():
-            if got == wrong and (kv != h or "query" not in message):
-                raise AssertionError(f"(layers {L}, heads {h}, K/V heads {kv}, d_model {d}, {b} bytes): {message}")
-        raise AssertionError(f"(layers {L}, heads {h}, K/V heads {kv}, d_model {d}, {b} bytes): got {got}, "
-                             f"expected {want}")
+    mistakes = {
+        "every query head counted: the cache keeps num_kv_heads heads, not num_heads":
+            lambda L, h, kv, d, b: None if kv == h else 2 * L * h * (d // h) * b,
+        "K or V forgotten: the cache keeps both (a factor 2)": lambda L, h, kv, d, b: L * kv * (d // h) * b,
+        "the layers forgotten: every layer keeps its own K and V": lambda L, h, kv, d, b: 2 * kv * (d // h) * b,
+        "a head is d_k = d_model / num_heads wide, not d_model": lambda L, h, kv, d, b: 2 * L * kv * d * b,
+        "bits instead of bytes": lambda L, h, kv, d, b: 2 * L * kv * (d // h) * b * 8}
+    grade(fn, lambda L, h, kv, d, b: 2 * L * kv * (d // h) * b,
+          {f"(layers {L}, heads {h}, K/V heads {kv}, d_model {d}, {b} bytes)": case for case in cases
+           for L, h, kv, d, b in [case]}, mistakes, scale=1e-5, says="got {got:g}, expected {want}")
     print(f"check_gqa_cache_bytes: correct on {len(cases)} models (Llama 2 7B and 70B among them)")
 
 
@@ -107,21 +95,12 @@ def check_lora_merge(fn) -> None:
     """Test fn(W (out, in), A (rank, in), B (out, rank), alpha) -> the merged weight W + (alpha / rank) B A, in
     float32. Raises AssertionError naming the mistake; prints a verdict."""
     g = torch.Generator().manual_seed(2)
-    for out_f, in_f, rank, alpha in ((6, 4, 2, 4.0), (16, 8, 4, 8.0), (5, 9, 1, 1.0)):
-        W, A, B = (torch.randn(*s, generator=g) for s in ((out_f, in_f), (rank, in_f), (out_f, rank)))
-        got, want = fn(W, A, B, alpha), W + (alpha / rank) * B @ A
-        if not isinstance(got, torch.Tensor) or got.shape != W.shape:
-            raise AssertionError(f"return a tensor of W's shape {tuple(W.shape)}, got "
-                                 f"{getattr(got, 'shape', type(got).__name__)}")
-        if close_to(got, want):
-            continue
-        mistakes = {"the scale alpha / rank is missing": W + B @ A,
-                    "the scale is alpha / rank, not alpha": W + alpha * B @ A}
-        for message, wrong in mistakes.items():
-            if close_to(got, wrong):
-                raise AssertionError(f"rank {rank}, alpha {alpha}: {message}")
-        if close_to(got, W):
-            raise AssertionError(f"rank {rank}, alpha {alpha}: the update B A is missing: W alone is returned")
-        raise AssertionError(f"rank {rank}, alpha {alpha}: max difference "
-                             f"{(got - want).abs().max().item():.2e} from W + (alpha / rank) B A")
+    cases = {f"rank {rank}, alpha {alpha}": tuple(torch.randn(*s, generator=g) for s in ((out_f, in_f), (rank, in_f),
+                                                                                          (out_f, rank))) + (alpha,)
+             for out_f, in_f, rank, alpha in ((6, 4, 2, 4.0), (16, 8, 4, 8.0), (5, 9, 1, 1.0))}
+    grade(fn, lambda W, A, B, alpha: W + (alpha / A.size(0)) * B @ A, cases, {
+        "the scale alpha / rank is missing": lambda W, A, B, alpha: W + B @ A,
+        "the scale is alpha / rank, not alpha": lambda W, A, B, alpha: W + alpha * B @ A,
+        "the update B A is missing: W alone is returned": lambda W, A, B, alpha: W},
+          against="W + (alpha / rank) B A", shape="W's shape, ")
     print("check_lora_merge: W + (alpha / rank) B A on 3 cases")

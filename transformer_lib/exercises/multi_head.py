@@ -12,8 +12,39 @@ import torch
 import torch.nn as nn
 
 from ..attention import causal_mask, scaled_dot_product_attention
-from .grading import call_reader, close_to, first_difference, grade, number
+from .grading import Verdict, call_reader, close_to, grade, number
 from ..multi_head import MultiHeadAttention, copy_to_torch_mha
+
+
+def _grade_split_merge(split_heads, merge_heads, B, n, h, d_k, g):
+    """check_split_merge on one shape: split_heads on x (B, n, h * d_k), merge_heads on y (B, h, n, d_k);
+    returns x."""
+    ref = MultiHeadAttention(h * d_k, h)
+    x = torch.randn(B, n, h * d_k, generator=g, dtype=torch.float64)
+    grade(split_heads, ref.split_heads, {f"split_heads(x of shape {tuple(x.shape)}, num_heads={h})": (x, h)}, {
+        "that is (B, n, h, d_k); swap the n and h axes with .transpose(1, 2)": lambda x, h: torch.Size((B, n, h, d_k)),
+        f"right shape, wrong content. You reshaped straight to (B, h, n, d_k), so head 0 mixes positions: its row 1 "
+        f"is x[b, 0, {d_k}:{2 * d_k}], head 1's features of position 0. View as (B, n, h, d_k) first, then "
+        ".transpose(1, 2).": lambda x, h: x.view(B, h, n, d_k),
+        "heads interleaved. Head i must hold the contiguous block of features i*d_k ... (i+1)*d_k - 1; yours holds "
+        "features i, i + h, i + 2h, ... . View as (B, n, h, d_k), not (B, n, d_k, h).":
+            lambda x, h: x.view(B, n, d_k, h).permute(0, 3, 1, 2)},
+          name="split_heads", against="MultiHeadAttention.split_heads", shape="(B, h, n, d_k) = ",
+          hint=lambda at, *_: f": head {at[1]}, position {at[2]}, feature {at[3]} (batch {at[0]}) should be "
+                          f"x[{at[0]}, {at[2]}, {at[1] * d_k + at[3]}]")
+    y = torch.randn(B, h, n, d_k, generator=g, dtype=torch.float64)
+    grade(merge_heads, ref.merge_heads, {f"merge_heads(x of shape {tuple(y.shape)})": (y,)}, {
+        "that is (B, n, h, d_k); flatten the last two axes into d_model = h * d_k":
+            lambda y: torch.Size((B, n, h, d_k)),
+        "right shape, wrong content. You reshaped (B, h, n, d_k) straight to (B, n, d_model), which mixes "
+        "positions; move the head axis back first: .transpose(1, 2), then reshape.": lambda y: y.reshape(B, n, -1),
+        "heads interleaved. Concat puts head 0's d_k features first, then head 1's, ...; yours puts feature 0 of "
+        "every head first. Use .transpose(1, 2) -> (B, n, h, d_k), not .permute(0, 2, 3, 1).":
+            lambda y: y.permute(0, 2, 3, 1).reshape(B, n, -1)},
+          name="merge_heads", against="MultiHeadAttention.merge_heads", shape="(B, n, d_model) = ",
+          hint=lambda at, *_: f": output[{at[0]}, {at[1]}, {at[2]}] should be x[{at[0]}, {at[2] // d_k}, {at[1]}, "
+                          f"{at[2] % d_k}] (head {at[2] // d_k})")
+    return x
 
 
 def check_split_merge(split_heads, merge_heads):
@@ -23,57 +54,7 @@ def check_split_merge(split_heads, merge_heads):
     g = torch.Generator().manual_seed(0)
     shapes = ((2, 5, 4, 3), (1, 6, 2, 8), (3, 4, 8, 2))            # (B, n, h, d_k)
     for B, n, h, d_k in shapes:
-        d_model = h * d_k
-        ref = MultiHeadAttention(d_model, h)
-        x = torch.randn(B, n, d_model, generator=g, dtype=torch.float64)
-        want = ref.split_heads(x)
-        got = call_reader(split_heads, "split_heads", x, h)
-        call = f"split_heads(x of shape {tuple(x.shape)}, num_heads={h})"
-        if not isinstance(got, torch.Tensor):
-            raise AssertionError(f"{call} must return a tensor, got {type(got).__name__}")
-        if got.shape != want.shape:
-            hint = ": that is (B, n, h, d_k); swap the n and h axes with .transpose(1, 2)"                 if tuple(got.shape) == (B, n, h, d_k) else ""
-            raise AssertionError(f"{call} must have shape (B, h, n, d_k) = {tuple(want.shape)}, "
-                                 f"got {tuple(got.shape)}{hint}")
-        if not torch.equal(got, want):
-            if torch.equal(got, x.view(B, h, n, d_k)):
-                raise AssertionError(
-                    f"{call}: right shape, wrong content. You reshaped straight to (B, h, n, d_k), so head 0 mixes "
-                    f"positions: its row 1 is x[b, 0, {d_k}:{2 * d_k}], head 1's features of position 0. "
-                    f"View as (B, n, h, d_k) first, then .transpose(1, 2).")
-            if torch.equal(got, x.view(B, n, d_k, h).permute(0, 3, 1, 2)):
-                raise AssertionError(
-                    f"{call}: heads interleaved. Head i must hold the contiguous block of features "
-                    f"i*d_k ... (i+1)*d_k - 1; yours holds features i, i + h, i + 2h, ... . "
-                    f"View as (B, n, h, d_k), not (B, n, d_k, h).")
-            (b, i, t, j), g_val, w_val = first_difference(got, want)
-            raise AssertionError(f"{call}: head {i}, position {t}, feature {j} (batch {b}) should be "
-                                 f"x[{b}, {t}, {i * d_k + j}] = {w_val:.4f}, got {g_val:.4f}")
-
-        y = torch.randn(B, h, n, d_k, generator=g, dtype=torch.float64)
-        want = ref.merge_heads(y)
-        got = call_reader(merge_heads, "merge_heads", y)
-        call = f"merge_heads(x of shape {tuple(y.shape)})"
-        if not isinstance(got, torch.Tensor):
-            raise AssertionError(f"{call} must return a tensor, got {type(got).__name__}")
-        if got.shape != want.shape:
-            hint = ": that is (B, n, h, d_k); flatten the last two axes into d_model = h * d_k"                 if tuple(got.shape) == (B, n, h, d_k) else ""
-            raise AssertionError(f"{call} must have shape (B, n, d_model) = {tuple(want.shape)}, "
-                                 f"got {tuple(got.shape)}{hint}")
-        if not torch.equal(got, want):
-            if torch.equal(got, y.reshape(B, n, d_model)):
-                raise AssertionError(
-                    f"{call}: right shape, wrong content. You reshaped (B, h, n, d_k) straight to (B, n, d_model), "
-                    f"which mixes positions; move the head axis back first: .transpose(1, 2), then reshape.")
-            if torch.equal(got, y.permute(0, 2, 3, 1).reshape(B, n, d_model)):
-                raise AssertionError(
-                    f"{call}: heads interleaved. Concat puts head 0's d_k features first, then head 1's, ...; "
-                    f"yours puts feature 0 of every head first. Use .transpose(1, 2) -> (B, n, h, d_k), "
-                    f"not .permute(0, 2, 3, 1).")
-            (b, t, f), g_val, w_val = first_difference(got, want)
-            raise AssertionError(f"{call}: output[{b}, {t}, {f}] should be x[{b}, {f // d_k}, {t}, {f % d_k}] "
-                                 f"(head {f // d_k}) = {w_val:.4f}, got {g_val:.4f}")
-
+        x = _grade_split_merge(split_heads, merge_heads, B, n, h, d_k, g)
         back = call_reader(merge_heads, "merge_heads", call_reader(split_heads, "split_heads", x, h))
         if not torch.equal(back, x):
             raise AssertionError("merge_heads(split_heads(x, h)) must give back x exactly")
@@ -161,6 +142,44 @@ def _kv_counts(d_model, num_heads, kv_heads):
     return sum(p.numel() for layer in layers for p in layer.parameters()), 2 * kv_heads * d_k   # keys + values
 
 
+def _grade_kv_counts(fn, d_model, h, kv):
+    """check_kv_counts on one size: the parameters, then the numbers cached per token."""
+    call, d_k, (params, cached) = f"fn(d_model={d_model}, num_heads={h}, kv_heads={kv})", d_model // h, \
+        _kv_counts(d_model, h, kv)
+
+    def part(i):                                                      # the reader's count i of the two
+        def answer(*size):
+            got = fn(*size)
+            if not isinstance(got, (tuple, list)) or len(got) != 2:
+                raise Verdict(f"{call} must return two numbers (parameters, cached numbers per token), got {got!r}")
+            return number(got[i], f"{call}[{i}]")
+        return answer
+    group = h % kv == 0                                               # kv_heads could be read as a group size
+    grade(part(0), lambda *size: params, {call: (d_model, h, kv)}, {
+        "you counted K/V heads of width d_model; each key/value head has width d_k = d_model/num_heads = "
+        f"{d_k}, so W_k and W_v map d_model -> kv_heads * d_k": 2 * (d_model * d_model + d_model) * (1 + kv),
+        "the biases are missing: every nn.Linear adds out_features biases (d_model for W_q and W_o, kv_heads * d_k "
+        "for W_k and W_v)": params - 2 * d_model - 2 * kv * d_k,
+        "that is the count of full multi-head attention: W_k and W_v shrink to kv_heads * d_k outputs":
+            _kv_counts(d_model, h, h)[0],
+        "you shrank W_q too: multi-query and grouped-query attention keep all num_heads query heads; only the key "
+        "and value heads are shared": params - (d_model - kv * d_k) * (d_model + 1),
+        f"you read the third argument as the group size g; it is the number of key/value heads (num_heads / g = "
+        f"{kv} here)": _kv_counts(d_model, h, h // kv)[0] if group else None},
+          scale=1e-5, says="parameters {got:,.0f}, expected {want:,}", hint=lambda got, *_: f" (off by {got - params:+,.0f})")
+    grade(part(1), lambda *size: cached, {call: (d_model, h, kv)}, {
+        "you counted only the keys: the cache holds keys and values": cached // 2,
+        f"you counted K/V heads of width d_model; each cached head holds d_k = {d_k} numbers per token":
+            2 * kv * d_model,
+        "that is full multi-head attention's cache: only the kv_heads shared heads are cached, not num_heads":
+            2 * d_model,
+        "that looks like bytes of float32 (or keys + values counted twice): count numbers, one key and one value "
+        "vector of width d_k per cached head": 4 * cached,
+        "you read the third argument as the group size g; it is the number of key/value heads":
+            2 * (h // kv) * d_k if group else None},
+          scale=1e-5, says="cached numbers per token {got:,.0f}, expected {want:,}")                  # counts: exact
+
+
 def check_kv_counts(fn) -> None:
     """Test a reader's fn(d_model, num_heads, kv_heads) -> (parameters, cached): the parameters of an attention
     layer (W_q, W_k, W_v, W_o, with biases) with num_heads query heads and kv_heads key/value heads of width
@@ -168,57 +187,8 @@ def check_kv_counts(fn) -> None:
     the numbers of keys and values a decoder caches per token and layer. Checked against nn.Linear layers of
     those shapes for several sizes; names the usual miscounts."""
     sizes = ((512, 8, 8), (512, 8, 4), (512, 8, 2), (512, 8, 1), (64, 4, 2), (96, 12, 3), (96, 12, 1))
-    for d_model, h, kv in sizes:
-        call = f"fn(d_model={d_model}, num_heads={h}, kv_heads={kv})"
-        d_k = d_model // h
-        got = call_reader(fn, call, d_model, h, kv)
-        if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise AssertionError(f"{call} must return two numbers (parameters, cached numbers per token), "
-                                 f"got {got!r}")
-        params, cached = number(got[0], f"{call}[0]"), number(got[1], f"{call}[1]")
-        want_params, want_cached = _kv_counts(d_model, h, kv)
-        if params != want_params:
-            q_o = 2 * (d_model * d_model + d_model)
-            miscounts = [
-                (q_o + 2 * kv * (d_model * d_model + d_model),
-                 "you counted K/V heads of width d_model; each key/value head has width d_k = d_model/num_heads"
-                 f" = {d_k}, so W_k and W_v map d_model -> kv_heads * d_k"),
-                (want_params - 2 * d_model - 2 * kv * d_k, "the biases are missing: every nn.Linear adds "
-                                                           "out_features biases (d_model for W_q and W_o, "
-                                                           "kv_heads * d_k for W_k and W_v)"),
-                (_kv_counts(d_model, h, h)[0], "that is the count of full multi-head attention: W_k and W_v "
-                                               "shrink to kv_heads * d_k outputs"),
-                (want_params - (d_model - kv * d_k) * (d_model + 1),
-                 "you shrank W_q too: multi-query and grouped-query attention keep all num_heads query heads; "
-                 "only the key and value heads are shared"),
-            ]
-            if h % kv == 0:
-                miscounts.append((_kv_counts(d_model, h, h // kv)[0],
-                                  f"you read the third argument as the group size g; it is the number of key/value "
-                                  f"heads (num_heads / g = {kv} here)"))
-            for count, message in miscounts:
-                if params == count:
-                    raise AssertionError(f"{call}: parameters {params:,.0f}, expected {want_params:,}: {message}")
-            raise AssertionError(f"{call}: parameters {params:,.0f}, expected {want_params:,} "
-                                 f"(off by {params - want_params:+,.0f})")
-        if cached != want_cached:
-            miscounts = [
-                (want_cached // 2, "you counted only the keys: the cache holds keys and values"),
-                (2 * kv * d_model, "you counted K/V heads of width d_model; each cached head holds d_k = "
-                                   f"{d_k} numbers per token"),
-                (2 * d_model, "that is full multi-head attention's cache: only the kv_heads shared heads are "
-                              "cached, not num_heads"),
-                (4 * want_cached, "that looks like bytes of float32 (or keys + values counted twice): count "
-                                  "numbers, one key and one value vector of width d_k per cached head"),
-            ]
-            if h % kv == 0:
-                miscounts.append((2 * (h // kv) * d_k, "you read the third argument as the group size g; it is "
-                                                       "the number of key/value heads"))
-            for count, message in miscounts:
-                if cached == count:
-                    raise AssertionError(f"{call}: cached numbers per token {cached:,.0f}, expected "
-                                         f"{want_cached:,}: {message}")
-            raise AssertionError(f"{call}: cached numbers per token {cached:,.0f}, expected {want_cached:,}")
+    for size in sizes:
+        _grade_kv_counts(fn, *size)
     print(f"check_kv_counts: parameters and cache sizes right for all {len(sizes)} sizes")
 
 
@@ -334,56 +304,19 @@ def check_padding_fix(cls, seed: int = 0) -> None:
 
 # %% ../../chapters/02_multi_head_attention.ipynb #c045b
 # --- a reader's own MultiHeadAttention class (for `python -m transformer_lib.check` and readers who write modules)
-import inspect
-
-from .attention import copy_weights
-
-
-def _build(cls, *args, **options):
-    """cls(*args, **options), keeping only the options cls's constructor accepts (dropout=0.0, norm_first=...):
-    returns (module, the options it took)."""
-    try:
-        parameters = inspect.signature(cls).parameters
-    except (TypeError, ValueError):
-        parameters = {}
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    options = {k: v for k, v in options.items() if takes_any or k in parameters}
-    try:
-        return cls(*args, **options), options
-    except Exception as error:
-        raise AssertionError(f"{cls.__name__}({', '.join(map(str, args))}) raised {type(error).__name__}: "
-                             f"{error}") from error
-
-
-def _run_reader(model, dtype, *inputs):
-    """model's forward on the inputs in dtype (the mask, a bool, as it is); a tuple's first element."""
-    with torch.no_grad():
-        out = model.to(dtype)(*(x.to(dtype) if x is not None and x.is_floating_point() else x for x in inputs))
-    return out[0] if isinstance(out, tuple) else out
-
-
-def _forward_any_dtype(model, name, dtype, *inputs):
-    """Run the reader's module in dtype; dtype None: in float64, or, for a module that insists on float32 (it casts
-    its inputs, or builds float32 tensors), in float32. Returns (output, the dtype it ran in); raises
-    AssertionError when it fails."""
-    errors = []
-    for run_in in (torch.float64, torch.float32) if dtype is None else (dtype,):
-        try:
-            return _run_reader(model, run_in, *inputs), run_in
-        except Exception as error:
-            errors.append(error)
-    first = errors[0]                                                  # the float64 run's error
-    raise AssertionError(f"{name} raised {type(first).__name__}: {first}") from first
+from .grading import module_answer, reader_module
 
 
 def _mha_variant(ref, q, k, v, mask, scale=None, inverted=False, w_o=True):
     """The book's module's computation with one deliberate change, to name a reader's mistake: scores times scale
-    (None = 1/sqrt(d_k)), the mask inverted, or no output projection W_o."""
+    (None = 1/sqrt(d_k)), the mask inverted (NaN in the rows it leaves without keys: any output there), or no
+    output projection W_o."""
     Q, K, V = ref.split_heads(ref.W_q(q)), ref.split_heads(ref.W_k(k)), ref.split_heads(ref.W_v(v))
     scores = Q @ K.transpose(-2, -1) * (ref.d_k ** -0.5 if scale is None else scale)   # (B, h, n_q, n_k)
     if mask is not None:
         scores = scores.masked_fill(mask if inverted else ~mask, float("-inf"))
-    out = ref.merge_heads(scores.softmax(-1).nan_to_num(0.0) @ V)                   # (B, n_q, d_model)
+    weights = scores.softmax(-1)
+    out = ref.merge_heads((weights if inverted else weights.nan_to_num(0.0)) @ V)      # (B, n_q, d_model)
     return ref.W_o(out) if w_o else out
 
 
@@ -396,20 +329,15 @@ def check_multi_head_attention(cls, seed: int = 0) -> None:
     causal mask, cross-attention with padding (n_q != n_k) and no mask. Names the mistake: mask ignored or
     inverted, scores scaled by sqrt(d_model) or not at all, W_o missing, a wrong output shape."""
     B, d_model, h = 2, 24, 4                                           # d_k = 6: sqrt(d_k), sqrt(d_model), d_k differ
+    g = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng(devices=[]):                            # leave the caller's random state alone
         torch.manual_seed(seed)
         ref = MultiHeadAttention(d_model, h, dropout=0.0).to(torch.float64).eval()
-        model, _ = _build(cls, d_model, h, dropout=0.0)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in ref.parameters():
-            p.copy_(0.4 * torch.randn(p.shape, generator=g, dtype=torch.float64))
-    if not isinstance(model, nn.Module):
-        raise AssertionError(f"{cls.__name__}(d_model, num_heads) must build an nn.Module, got "
-                             f"{type(model).__name__}")
-    model = model.to(torch.float64).eval()
-    mapping = copy_weights(ref, model)
-    by_name = all(mine == book for mine, book in mapping.items())
+        with torch.no_grad():
+            for p in ref.parameters():
+                p.copy_(0.4 * torch.randn(p.shape, generator=g, dtype=torch.float64))
+        model, _, hint = reader_module(cls, ref, d_model, h, dropout=0.0,
+                                       advice="; declare W_q, W_k, W_v, W_o in that order")
 
     def rand(*shape):
         return torch.randn(*shape, generator=g, dtype=torch.float64)
@@ -420,51 +348,26 @@ def check_multi_head_attention(cls, seed: int = 0) -> None:
         "cross-attention with a padding mask (B, 1, 1, n_k)": (q, kv, kv, padding),
         "cross-attention without a mask": (q, kv, kv, None),
     }
-    dtype = None                                                       # float64, or float32 if it must
-    for where, (query, key, value, mask) in cases.items():
-        inputs = (query, key, value) if mask is None else (query, key, value, mask)
-        got, dtype = _forward_any_dtype(model, f"{where}: your forward", dtype, *inputs)
-        with torch.no_grad():
-            want = ref(*inputs)[0]                                     # (B, n_q, d_model)
-        if not isinstance(got, torch.Tensor):
-            raise AssertionError(f"{where}: forward must return the output tensor (B, n_q, d_model), got "
-                                 f"{type(got).__name__}")
-        if tuple(got.shape) != tuple(want.shape):
-            hint = ""
-            if tuple(got.shape) == (B, h, query.size(1), d_model // h):
-                hint = ": that is (B, h, n_q, d_k), the heads not merged back"
-            elif tuple(got.shape) == (B, key.size(1), d_model):
-                hint = ": that is (B, n_k, d_model), one row per key; there is one output per query"
-            raise AssertionError(f"{where}: output shape {tuple(got.shape)}, expected (B, n_q, d_model) = "
-                                 f"{tuple(want.shape)} for query {tuple(query.shape)}, key {tuple(key.shape)}{hint}")
-        if close_to(got, want):
-            continue
-        with torch.no_grad():
-            suspects = [
-                ("the scores are divided by sqrt(d_model), not by sqrt(d_k) = sqrt(d_model / num_heads)",
-                 dict(scale=d_model ** -0.5)),
-                ("the scores are not scaled: divide them by sqrt(d_k)", dict(scale=1.0)),
-                ("the scores are divided by d_k, not by sqrt(d_k)", dict(scale=1 / (d_model // h))),
-                ("the output projection W_o is missing: the merged heads must go through W_o", dict(w_o=False)),
-            ]
-            if mask is not None:
-                suspects[:0] = [("the mask is ignored", dict(mask=None)),
-                                ("the mask is inverted: True means 'may attend', so hide the keys where it is False "
-                                 "(masked_fill(~mask, -inf))", dict(inverted=True))]
-            for message, change in suspects:
-                wrong = _mha_variant(ref, query, key, value, **{"mask": mask, **change})
-                rows = torch.ones(got.shape[:2], dtype=torch.bool)           # (B, n_q): rows to compare
-                if change.get("inverted"):                                    # rows with nothing left: NaN or 0
-                    rows = (~mask).any(-1)[:, 0].expand(got.shape[:2])
-                if close_to(got[rows], wrong[rows]):
-                    raise AssertionError(f"{where}: {message}")
-        if torch.isnan(got).any():
-            raise AssertionError(f"{where}: NaN in your output (every query here may attend to some key)")
-        diff = (got.double() - want).abs().max().item()
-        how = "" if by_name else (" (your parameters took the book's weights by order of shape: "
-                                  + ", ".join(f"{mine} <- {book}" for mine, book in mapping.items() if "weight" in book)
-                                  + "; declare W_q, W_k, W_v, W_o in that order)")
-        raise AssertionError(f"{where}: your output differs from MultiHeadAttention's by up to {diff:.2g}{how}")
+
+    def variant(**change):
+        return lambda q, k, v, mask: _mha_variant(ref, q, k, v, **{"mask": mask, **change})
+    mistakes = {
+        "the mask is ignored": lambda q, k, v, mask: None if mask is None else _mha_variant(ref, q, k, v, None),
+        "the mask is inverted: True means 'may attend', so hide the keys where it is False (masked_fill(~mask, -inf))":
+            lambda q, k, v, mask: None if mask is None else _mha_variant(ref, q, k, v, mask, inverted=True),
+        "the scores are divided by sqrt(d_model), not by sqrt(d_k) = sqrt(d_model / num_heads)":
+            variant(scale=d_model ** -0.5),
+        "the scores are not scaled: divide them by sqrt(d_k)": variant(scale=1.0),
+        "the scores are divided by d_k, not by sqrt(d_k)": variant(scale=1 / (d_model // h)),
+        "the output projection W_o is missing: the merged heads must go through W_o": variant(w_o=False),
+        "that is (B, h, n_q, d_k), the heads not merged back":
+            lambda q, k, v, mask: torch.Size((B, h, q.size(1), d_model // h)),
+        "that is (B, n_k, d_model), one row per key; there is one output per query":
+            lambda q, k, v, mask: torch.Size((B, k.size(1), d_model)),
+    }
+    with torch.no_grad():
+        grade(module_answer(model), lambda q, k, v, mask: ref(q, k, v, mask)[0], cases, mistakes,
+              name="your forward", against="MultiHeadAttention", shape="(B, n_q, d_model) = ", hint=hint)
     print(f"check_multi_head_attention: {cls.__name__} matches MultiHeadAttention in all {len(cases)} cases "
           "(causal, padding, no mask)")
 

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from .grading import close_to
+from .grading import close_to, grade
 from ..positional import sinusoidal_encoding
 
 
@@ -103,33 +103,24 @@ def check_offset_distances(fn) -> None:
     1 ... 4999. Names the usual slips (squared distance, f(k) itself, base ignored, exponent i/d_model), then
     prints, from the reader's own distances, the largest distance up to offset 50 and the smallest from 300 on."""
     k = torch.arange(1, 5000, dtype=torch.float64)
-    for d_model, base in ((64, 10000.0), (64, 100.0), (16, 10000.0), (128, 1000.0)):
-        call = f"fn(k, d_model={d_model}, base={base:g})"
-        try:
-            got = fn(k.clone(), d_model, base)
-        except Exception as error:
-            raise AssertionError(f"{call} raised {type(error).__name__}: {error}") from error
-        got = torch.as_tensor(got).detach().to("cpu", torch.float64).flatten()
-        want = _offset_distances(k, d_model, base)
-        if got.shape != want.shape:
-            raise AssertionError(f"{call}: one distance per offset, {tuple(want.shape)}, got {tuple(got.shape)}")
-        if torch.allclose(got, want, rtol=1e-4, atol=1e-4):
-            continue
-        f = torch.cos(k[:, None] * base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)).sum(1)
-        slips = [(want ** 2, "that is the squared distance d_model - 2 f(k); take the square root"),
-                 (f, "that is f(k) = PE(p) . PE(p+k), the dot product; the distance is sqrt(d_model - 2 f(k))"),
-                 ((d_model - f).clamp(min=0).sqrt(), "the factor 2 is missing: ||a - b||^2 = ||a||^2 + ||b||^2 - "
-                                                     "2 a.b with ||PE(p)||^2 = d_model/2, so sqrt(d_model - 2 f(k))"),
-                 (_offset_distances(k, d_model, 10000.0), f"your distances are those of base 10000: use the base "
-                                                          f"argument (here {base:g})"),
-                 (_offset_distances(k, d_model, base, exponent=1), "the exponent must be 2i/d_model for pair i; "
-                                                                    "you used i/d_model")]
-        for wrong, message in slips:
-            if torch.allclose(got, wrong, rtol=1e-4, atol=1e-4):
-                raise AssertionError(f"{call}: {message}")
-        j = int((got - want).abs().argmax())
-        raise AssertionError(f"{call}: the distance at offset k = {int(k[j])} should be {want[j].item():.4f}, "
-                             f"got {got[j].item():.4f}")
+
+    def f(k, d_model, base):                                                  # f(k) = PE(p) . PE(p+k)
+        return torch.cos(k[:, None] * base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)).sum(1)
+    mistakes = {
+        "that is the squared distance d_model - 2 f(k); take the square root":
+            lambda k, d_model, base: _offset_distances(k, d_model, base) ** 2,
+        "that is f(k) = PE(p) . PE(p+k), the dot product; the distance is sqrt(d_model - 2 f(k))": f,
+        "the factor 2 is missing: ||a - b||^2 = ||a||^2 + ||b||^2 - 2 a.b with ||PE(p)||^2 = d_model/2, so "
+        "sqrt(d_model - 2 f(k))": lambda k, d_model, base: (d_model - f(k, d_model, base)).clamp(min=0).sqrt(),
+        "your distances are those of base 10000: use the base argument":
+            lambda k, d_model, base: None if base == 10000.0 else _offset_distances(k, d_model, 10000.0),
+        "the exponent must be 2i/d_model for pair i; you used i/d_model":
+            lambda k, d_model, base: _offset_distances(k, d_model, base, exponent=1)}
+    cases = {f"fn(k, d_model={d_model}, base={base:g})": (k, d_model, base)
+             for d_model, base in ((64, 10000.0), (64, 100.0), (16, 10000.0), (128, 1000.0))}
+    grade(lambda *inputs: torch.as_tensor(fn(*inputs)).flatten(), _offset_distances, cases, mistakes, scale=1000,
+          shape="one distance per offset, ",
+          hint=lambda at, *_: f": the distance at offset k = {int(k[at[0]])}")
     report = []
     for base in (10000.0, 100.0):
         got = torch.as_tensor(fn(k.clone(), 64, base)).detach().to("cpu", torch.float64).flatten()
@@ -257,40 +248,30 @@ def check_rotary(fn) -> None:
             raise AssertionError(f"fn(x {tuple(inputs.shape)}, positions {pos.tolist()}) raised "
                                  f"{type(error).__name__}: {error}") from error
 
-    got = call(x, positions)
-    want = torch.stack([_rotation(int(p), d_model) @ row for p, row in zip(positions, x, strict=True)])
-    if tuple(got.shape) != tuple(want.shape):
-        raise AssertionError(f"fn(x, positions) must return one rotated row per row of x, {tuple(want.shape)}, "
-                             f"got {tuple(got.shape)}")
-    if not close_to(got, want):
-        half = d_model // 2
-        omega = 10000.0 ** (-torch.arange(half, dtype=torch.float64) / half)       # rotate-half frequencies
-        angle = positions[:, None].double() * omega                                 # (n, d_model/2)
+    half = d_model // 2
+
+    def halves(x, positions, sign):                                   # the rotate-half layout, either direction
+        angle = positions[:, None].double() * 10000.0 ** (-torch.arange(half, dtype=torch.float64) / half)
         a, b = x[:, :half], x[:, half:]
-        halves = [torch.cat([a * angle.cos() + sign * b * angle.sin(), b * angle.cos() - sign * a * angle.sin()],
-                            dim=-1) for sign in (1, -1)]                            # both directions
-        slow = [torch.block_diag(*[_rotation(int(p) * 10000.0 ** (-i / d_model), 2) for i in range(half)])
-                for p in positions]                                               # w_i = 10000^(-i/d_model)
-        slips = [
-            (torch.stack([_rotation(-int(p), d_model) @ row for p, row in zip(positions, x, strict=True)]),
-             "you rotate by -p (M_p transposed). The scores still depend only on p' - p, but the book's M_p "
-             "turns each pair the other way: use offset_matrix(p, d_model) @ q"),
-            *((rotated, "you rotate features i and i + d_model/2 together (the rotate-half layout of GPT-NeoX and "
-                     "LLaMA); this book's M_p pairs columns 2i and 2i+1") for rotated in halves),
-            (torch.stack([m @ row for m, row in zip(slow, x, strict=True)]),
-             "the exponent must be 2i/d_model for pair i; you used i/d_model"),
-            (x + torch.stack([_rotation(int(p), d_model) @ torch.tensor([0.0, 1.0] * half, dtype=torch.float64)
-                              for p in positions]),
-             "you added PE(p) to x; rotary embeddings multiply: x_p -> M_p x_p"),
-            (x, "x comes back unrotated: row t must be multiplied by M_{positions[t]}"),
-            (torch.stack([_rotation(t, d_model) @ row for t, row in enumerate(x)]),
-             "you rotate row t by its index t; use the given positions[t]"),
-        ]
-        for wrong, message in slips:
-            if close_to(got, wrong):
-                raise AssertionError(message)
-        raise AssertionError(f"fn(x, positions) differs from M_p x by up to "
-                             f"{(got.detach().double() - want).abs().max().item():.2g}")
+        return torch.cat([a * angle.cos() + sign * b * angle.sin(), b * angle.cos() - sign * a * angle.sin()], -1)
+
+    def rotated(x, positions, by=lambda p: _rotation(int(p), d_model)):
+        return torch.stack([by(p) @ row for p, row in zip(positions, x, strict=True)])
+    mistakes = {
+        "you rotate by -p (M_p transposed). The scores still depend only on p' - p, but the book's M_p turns each "
+        "pair the other way: use offset_matrix(p, d_model) @ q":
+            lambda x, pos: rotated(x, pos, lambda p: _rotation(-int(p), d_model)),
+        "you rotate features i and i + d_model/2 together (the rotate-half layout of GPT-NeoX and LLaMA); this "
+        "book's M_p pairs columns 2i and 2i+1": [lambda x, pos: halves(x, pos, 1), lambda x, pos: halves(x, pos, -1)],
+        "the exponent must be 2i/d_model for pair i; you used i/d_model": lambda x, pos: rotated(
+            x, pos, lambda p: torch.block_diag(*[_rotation(int(p) * 10000.0 ** (-i / d_model), 2) for i in range(half)])),
+        "you added PE(p) to x; rotary embeddings multiply: x_p -> M_p x_p": lambda x, pos: x + rotated(
+            torch.tensor([[0.0, 1.0] * half] * len(pos), dtype=torch.float64), pos),
+        "x comes back unrotated: row t must be multiplied by M_{positions[t]}": lambda x, pos: x,
+        "you rotate row t by its index t; use the given positions[t]": lambda x, pos: rotated(x, range(len(x)))}
+    grade(lambda x, pos: torch.as_tensor(fn(x, pos)), rotated, {"": (x, positions)}, mistakes,
+          name="fn(x, positions)", against="M_p x", shape="one rotated row per row of x, ")
+    got = call(x, positions)
     q, k = torch.randn(2, d_model, generator=g, dtype=torch.float64)
     scores = []
     for shift in (0, 1, 100, 4000):

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from .grading import close_to
+from .grading import close_to, grade
 from ..feed_forward import PositionwiseFeedForward
 from ..residual import LayerNorm
 
@@ -66,32 +66,9 @@ def check_layer_norm(fn, seed: int = 0) -> None:
         scale = torch.exp(3 * rand(*shape[:-1], 1))               # stds from about 1e-4 to 1e4 ...
         scale.view(-1)[0] = 1e-3                                  # ... and one position where eps matters
         xs.append(5 * rand(*shape[:-1], 1) + scale * rand(*shape))
-    _grade_norm(lambda x: fn(x, gamma, beta, eps), xs, lambda x: _reference_layer_norm(x, gamma, beta, eps), mistakes)
+    grade(lambda x: fn(x, gamma, beta, eps), lambda x: _reference_layer_norm(x, gamma, beta, eps),
+          {f"on x of shape {tuple(x.shape)}": (x,) for x in xs}, mistakes, scale=10, case_in_mistakes=False, pure="x")
     print(f"check_layer_norm: correct on inputs of shape (3, 4, {d}) and (5, {d})")
-
-
-def _grade_norm(call, xs, reference, mistakes) -> None:
-    """Run the reader's call(x) on each x; raise AssertionError naming the first of `mistakes` (message: wrong
-    formula) that the output matches, or the size of the error. Shared by the LayerNorm and RMSNorm graders."""
-    for x in xs:
-        shape, x_before = tuple(x.shape), x.clone()
-        try:
-            out = call(x)
-        except Exception as err:
-            raise AssertionError(f"on x of shape {shape} your function raised {type(err).__name__}: {err}") from err
-        if not torch.equal(x, x_before):
-            raise AssertionError("your function changed x in place; compute new tensors instead")
-        if not isinstance(out, torch.Tensor) or out.shape != x.shape:
-            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise AssertionError(f"wrong shape: on x of shape {shape} expected output shape {shape}, got {got}")
-        expected = reference(x)
-        if close_to(out, expected, scale=10):
-            continue
-        for message, wrong in mistakes.items():
-            if close_to(out, wrong(x), scale=10):
-                raise AssertionError(message)
-        error = (out.double() - expected).abs().max().item()
-        raise AssertionError(f"wrong values on x of shape {shape}: max |error| = {error:.3g}")
 
 
 def _reference_rms_norm(x, gamma, eps):
@@ -142,7 +119,8 @@ def check_rms_norm(fn, seed: int = 0) -> None:
         scale = torch.exp(2 * rand(*shape[:-1], 1))               # positions of very different scales ...
         scale.view(-1)[0] = 1e-3                                  # ... and one where eps matters
         xs.append(scale * (2 * rand(*shape[:-1], 1) + rand(*shape)))     # a clearly non-zero mean per position
-    _grade_norm(lambda x: fn(x, gamma, eps), xs, lambda x: _reference_rms_norm(x, gamma, eps), mistakes)
+    grade(lambda x: fn(x, gamma, eps), lambda x: _reference_rms_norm(x, gamma, eps),
+          {f"on x of shape {tuple(x.shape)}": (x,) for x in xs}, mistakes, scale=10, case_in_mistakes=False, pure="x")
     print(f"check_rms_norm: correct on inputs of shape (3, 4, {d}) and (5, {d})")
 
 
@@ -277,50 +255,33 @@ def check_stream_std(fn, seed: int = 0) -> None:
         for layer in layers:
             xs.append(layer(xs[-1]))
         norm = LayerNorm(d_model).double()
-        wrong = [
-            ("the input's std is missing: start the list with x_0.std(), so L layers give L + 1 values",
-             [x.std() for x in xs[1:]]),
-            ("the last layer's output is missing: L layers give L + 1 values, x_0 ... x_L", [x.std() for x in xs[:-1]]),
-            ("every layer got the input x_0: feed each layer the previous layer's output, x_(l+1) = layers[l](x_l)",
-             [x0.std()] + [layer(x0).std() for layer in layers]),
-            ("you measured what each layer adds, x_(l+1) - x_l, not the stream x_(l+1) itself",
-             [x0.std()] + [(b - a).std() for a, b in zip(xs, xs[1:], strict=False)]),
-            ("you measured what each layer adds, x_(l+1) - x_l, not the stream x_(l+1) itself (and x_0 is missing)",
-             [(b - a).std() for a, b in zip(xs, xs[1:], strict=False)]),
-            ("you returned variances: take their square root (x.std())", [x.var() for x in xs]),
-            ("you averaged each position's std over its features: measure x_l.std() over all entries",
-             [x.std(-1).mean() for x in xs]),
-            ("you averaged each position's std over its features: measure x_l.std() over all entries",
-             [x.std(-1, unbiased=False).mean() for x in xs]),
-            ("you measured a normalised stream, LayerNorm(x_l): in a pre-norm stack the stream x_l itself is never "
-             "normalised, and its std is what grows", [norm(x).std() for x in xs]),
-        ]
-    want = torch.tensor([x.std().item() for x in xs])
-    try:
-        with torch.no_grad():
-            out = fn(layers, x0.clone())
-    except Exception as err:
-        raise AssertionError(f"stream_std(layers, x) raised {type(err).__name__}: {err}") from err
-    try:
-        got = torch.tensor([float(v) for v in out], dtype=torch.float64)
-    except Exception as err:
-        raise AssertionError("stream_std must return L + 1 numbers (a list or a 1-d tensor)") from err
-
-    def matches(values):
-        values = torch.as_tensor([float(v) for v in values], dtype=torch.float64)
-        return got.shape == values.shape and torch.allclose(got, values, rtol=1e-3, atol=0)
-
-    if matches(want):
-        print(f"check_stream_std: correct; on this 12-layer pre-norm stack the std grows from {want[0]:.2f} to "
-              f"{want[-1]:.2f}")
-        return
-    for message, values in wrong:
-        if matches(values):
-            raise AssertionError(message)
-    if got.shape != want.shape:
-        raise AssertionError(f"you returned {len(got)} values for a stack of {L} layers; want {L + 1}: x_0 ... x_{L}")
-    worst = int((got - want).abs().argmax())
-    raise AssertionError(f"wrong std for x_{worst}: you gave {got[worst]:.4g}, want {want[worst]:.4g}")
+        adds = "you measured what each layer adds, x_(l+1) - x_l, not the stream x_(l+1) itself"
+        steps = [b - a for a, b in zip(xs, xs[1:], strict=False)]
+        wrong = {
+            "the input's std is missing: start the list with x_0.std(), so L layers give L + 1 values":
+                [[x.std() for x in xs[1:]]],
+            "the last layer's output is missing: L layers give L + 1 values, x_0 ... x_L": [[x.std() for x in xs[:-1]]],
+            "every layer got the input x_0: feed each layer the previous layer's output, x_(l+1) = layers[l](x_l)":
+                [[x0.std()] + [layer(x0).std() for layer in layers]],
+            adds: [[x0.std()] + [x.std() for x in steps]],
+            adds + " (and x_0 is missing)": [[x.std() for x in steps]],
+            "you returned variances: take their square root (x.std())": [[x.var() for x in xs]],
+            "you averaged each position's std over its features: measure x_l.std() over all entries":
+                [[x.std(-1).mean() for x in xs], [x.std(-1, unbiased=False).mean() for x in xs]],
+            "you measured a normalised stream, LayerNorm(x_l): in a pre-norm stack the stream x_l itself is never "
+            "normalised, and its std is what grows": [[norm(x).std() for x in xs]],
+        }
+    mistakes = {message: [lambda *_, v=v: torch.tensor([float(t) for t in v], dtype=torch.float64) for v in values]
+                for message, values in wrong.items()}
+    want = torch.tensor([x.std().item() for x in xs], dtype=torch.float64)
+    with torch.no_grad():
+        grade(lambda layers, x: torch.tensor([float(v) for v in fn(layers, x)], dtype=torch.float64),
+              lambda layers, x: want, {"": (layers, x0)}, mistakes, name="stream_std(layers, x)", scale=1e4,
+              against="the stream's stds",
+              shape="L + 1 values, x_0 ... x_L: ", hint=lambda at, *_: f": the std of x_{at[0]}",
+              crash=" (return L + 1 numbers: a list or a 1-d tensor)")
+    print(f"check_stream_std: correct; on this 12-layer pre-norm stack the std grows from {want[0]:.2f} to "
+          f"{want[-1]:.2f}")
 
 
 @torch.no_grad()

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from .grading import close_to, number
+from .grading import close_to, grade, number
 
 
 def _nucleus(logits, p):
@@ -57,25 +57,21 @@ def check_bits_per_byte(fn) -> None:
     """Test fn(nats_per_token, tokens_per_byte) -> bits per byte = nats_per_token * tokens_per_byte / ln 2 on a
     few (loss, tokenizer) pairs. Raises AssertionError naming the mistake; prints a verdict."""
     ln2 = math.log(2)
-    for loss, per_byte in [(3.258, 0.369), (1.35, 0.999), (2.0, 0.25), (0.7, 1.6)]:
-        got = number(fn(loss, per_byte), f"fn({loss}, {per_byte})")
-        want = loss * per_byte / ln2
-        if close_to(got, want):
-            continue
-        mistakes = {
-            "nats, not bits: divide by ln 2 (one bit is ln 2 = 0.693 nats)": loss * per_byte,
-            "bits per token, not per byte: multiply by the tokens per byte": loss / ln2,
-            "divided by the tokens per byte: a byte holds tokens_per_byte tokens, so multiply": loss / per_byte / ln2,
-            "nats per token, unchanged: divide by ln 2 (nats -> bits) and multiply by the tokens per byte": loss,
-            "multiplied by ln 2: nats -> bits divides by ln 2": loss * per_byte * ln2,
-            "log base 10: bits are log base 2, so divide by ln 2, not ln 10": loss * per_byte / math.log(10),
-        }
-        named = [m for m, value in mistakes.items() if close_to(got, value)]
-        if named:
-            raise AssertionError(f"loss {loss} nats per token, {per_byte} tokens per byte: your {got:.4g} is "
-                                 f"{named[0]}")
-        raise AssertionError(f"loss {loss} nats per token, {per_byte} tokens per byte: expected {want:.4g} bits per "
-                             f"byte, got {got:.4g}")
+    mistakes = {
+        "nats, not bits: divide by ln 2 (one bit is ln 2 = 0.693 nats)": lambda loss, per_byte: loss * per_byte,
+        "bits per token, not per byte: multiply by the tokens per byte": lambda loss, per_byte: loss / ln2,
+        "divided by the tokens per byte: a byte holds tokens_per_byte tokens, so multiply":
+            lambda loss, per_byte: loss / per_byte / ln2,
+        "nats per token, unchanged: divide by ln 2 (nats -> bits) and multiply by the tokens per byte":
+            lambda loss, per_byte: loss,
+        "multiplied by ln 2: nats -> bits divides by ln 2": lambda loss, per_byte: loss * per_byte * ln2,
+        "log base 10: bits are log base 2, so divide by ln 2, not ln 10":
+            lambda loss, per_byte: loss * per_byte / math.log(10),
+    }
+    grade(fn, lambda loss, per_byte: loss * per_byte / ln2,
+          {f"loss {loss} nats per token, {per_byte} tokens per byte": (loss, per_byte)
+           for loss, per_byte in [(3.258, 0.369), (1.35, 0.999), (2.0, 0.25), (0.7, 1.6)]},
+          mistakes, says="expected {want:.4g} bits per byte, got {got:.4g}")
     print("check_bits_per_byte: nats per token -> bits per byte, correct on 4 cases")
 
 

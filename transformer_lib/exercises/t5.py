@@ -7,7 +7,7 @@ __all__ = ['check_buckets', 'gelu_tanh', 'check_gated_ffn', 'check_new_buckets',
 import torch
 import torch.nn.functional as F
 
-from .grading import close_to
+from .grading import close_to, grade
 from ..t5 import relative_position_bucket
 
 
@@ -81,38 +81,30 @@ def check_gated_ffn(module, d_model: int = 8, d_ff: int = 12, seed: int = 0) -> 
             getattr(ffn, n).weight.copy_(w.to(dtype))
     W = [getattr(ffn, n).weight.detach().double() for n in names]     # the weights as the module holds them
     x = torch.randn(2, 5, d_model, generator=g, dtype=torch.float64)
-    ffn.eval()
-    with torch.no_grad():
-        got = ffn(x.to(dtype))
-    if not isinstance(got, torch.Tensor) or got.shape != x.shape:
-        shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
-        raise AssertionError(f"on x of shape {tuple(x.shape)} your module returned {shape}, expected the input's shape")
-    expected = _gated_ffn(x, *W)
-    if close_to(got, expected):
-        print(f"check_gated_ffn: equals (GELU_tanh(x W_0) ⊙ x W_1) W_2 (Hugging Face's T5DenseGatedActDense) "
-              f"for d_model={d_model}, d_ff={d_ff}")
-        return
     W_0, W_1, W_2 = W
     mistakes = {
         "GELU on the wrong branch: it acts on linear0 (W_0, Hugging Face's wi_0), and linear1's output is the "
-        "linear gate": _gated_ffn(x, W_1, W_0, W_2),
+        "linear gate": lambda x: _gated_ffn(x, W_1, W_0, W_2),
         "the exact (erf) GELU: T5 v1.1 uses the tanh approximation, F.gelu(x, approximate='tanh') "
-        "(Hugging Face's 'gelu_new')": _gated_ffn(x, W_0, W_1, W_2, F.gelu),
+        "(Hugging Face's 'gelu_new')": lambda x: _gated_ffn(x, W_0, W_1, W_2, F.gelu),
         "GELU on the wrong branch and the exact (erf) GELU instead of the tanh approximation":
-            _gated_ffn(x, W_1, W_0, W_2, F.gelu),
-        "ReLU instead of GELU: T5 v1.1's gate uses GELU (tanh approximation)": _gated_ffn(x, W_0, W_1, W_2, torch.relu),
+            lambda x: _gated_ffn(x, W_1, W_0, W_2, F.gelu),
+        "ReLU instead of GELU: T5 v1.1's gate uses GELU (tanh approximation)":
+            lambda x: _gated_ffn(x, W_0, W_1, W_2, torch.relu),
         "no gate: the GELU branch must be multiplied elementwise by linear1's output":
-            gelu_tanh(x @ W_0.T) @ W_2.T,
+            lambda x: gelu_tanh(x @ W_0.T) @ W_2.T,
         "GELU applied after the product: GELU(x W_0) ⊙ x W_1, not GELU(x W_0 ⊙ x W_1)":
-            gelu_tanh((x @ W_0.T) * (x @ W_1.T)) @ W_2.T,
+            lambda x: gelu_tanh((x @ W_0.T) * (x @ W_1.T)) @ W_2.T,
         "the gate is added instead of multiplied: GELU(x W_0) ⊙ x W_1 is an elementwise product":
-            (gelu_tanh(x @ W_0.T) + x @ W_1.T) @ W_2.T,
+            lambda x: (gelu_tanh(x @ W_0.T) + x @ W_1.T) @ W_2.T,
     }
-    for message, wrong in mistakes.items():
-        if close_to(got, wrong):
-            raise AssertionError(message)
-    diff = (got.double() - expected).abs().max().item()
-    raise AssertionError(f"your module's output differs from (GELU_tanh(x W_0) ⊙ x W_1) W_2 by up to {diff:.2g}")
+    ffn.eval()
+    with torch.no_grad():
+        grade(lambda x: ffn(x.to(dtype)), lambda x: _gated_ffn(x, *W), {f"on x of shape {tuple(x.shape)}": (x,)},
+              mistakes, name="your module", against="(GELU_tanh(x W_0) ⊙ x W_1) W_2", shape="the input's shape, ",
+              case_in_mistakes=False)
+    print(f"check_gated_ffn: equals (GELU_tanh(x W_0) ⊙ x W_1) W_2 (Hugging Face's T5DenseGatedActDense) "
+          f"for d_model={d_model}, d_ff={d_ff}")
 
 
 # --- Exercise 3: which position biases longer inputs use untrained ---------------------------------------------
