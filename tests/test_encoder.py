@@ -314,9 +314,9 @@ def test_check_encoder_layer_accepts_the_reference(capsys):
     (always_post_norm, "other norm placement"),
     (no_mask, "ignores the padding mask"),
     (no_residual, "residual connection around self-attention"),
-    (lambda layer, x, mask: x[:, :1], "expected shape"),
-    (lambda layer, x, mask: None, "expected a tensor"),
-    (lambda layer, x, mask: reference(layer, x, mask) + 1e-3, "max |difference|"),
+    (lambda layer, x, mask: x[:, :1], r"output shape \(3, 1, 24\), expected \(B, S, d_model\)"),
+    (lambda layer, x, mask: None, "must return a tensor, got NoneType"),
+    (lambda layer, x, mask: reference(layer, x, mask) + 1e-3, "differs from EncoderLayer.forward by up to"),
     (lambda layer, x, mask: layer(x, mask), "you called layer"),
 ])
 def test_check_encoder_layer_names_the_mistake(fn, message):

@@ -223,13 +223,13 @@ MISTAKES = {
     "b_1 missing": lambda x, W_1, b_1, W_2, b_2: torch.relu(x @ W_1) @ W_2 + b_2,
     "b_2 missing": lambda x, W_1, b_1, W_2, b_2: torch.relu(x @ W_1 + b_1) @ W_2,
     "GELU used instead of ReLU": lambda x, W_1, b_1, W_2, b_2: F.gelu(x @ W_1 + b_1) @ W_2 + b_2,
-    r"wrong shape: on x of shape \(2, 5, 6\) expected output shape \(2, 5, 6\), got \(2, 5, 10\)":
+    r"on x of shape \(2, 5, 6\): output shape \(2, 5, 10\), expected \(2, 5, 6\)":
         lambda x, W_1, b_1, W_2, b_2: torch.relu(x @ W_1 + b_1),
     "got tuple": lambda x, W_1, b_1, W_2, b_2: (right(x, W_1, b_1, W_2, b_2),),
     "raised RuntimeError.*Hint: W_1 has the paper's shape": lambda x, W_1, b_1, W_2, b_2: x @ W_1.T,
     "changed x in place": _in_place,
     "positions are mixed": _mixes_positions,
-    "wrong values on x of shape": lambda x, W_1, b_1, W_2, b_2: right(x, W_1, b_1, W_2, b_2) * 1.01,
+    "on x of shape .*differs from the reference by up to": lambda x, W_1, b_1, W_2, b_2: right(x, W_1, b_1, W_2, b_2) * 1.01,
 }
 
 
@@ -243,7 +243,7 @@ def test_check_catches_a_2d_only_failure():
     def only_3d(x, W_1, b_1, W_2, b_2):
         return torch.relu(torch.bmm(x, W_1.expand(x.size(0), *W_1.shape)) + b_1) @ W_2 + b_2
 
-    with pytest.raises(AssertionError, match=r"on x of shape \(7, 6\) your function raised"):
+    with pytest.raises(AssertionError, match=r"on x of shape \(7, 6\): your function raised"):
         check_feed_forward(only_3d)
 
 

@@ -116,9 +116,9 @@ def grade(answer, reference, cases: dict, mistakes: dict | None = None, *, name:
     not a function: its output); the first mutant whose output the reader's equals (close_to) names the
     mistake. name: the reader's function in messages; against: the reference's; shape: the expected shape in
     symbols, "(B, n, d_model) = "; hint: said after "differs from against by ..." (or hint(index of the first
-    wrong entry, *inputs)); crash: said after "name raised ...". A tuple the reader returns counts as its
-    first element when the reference returns a tensor, a one-element tensor as a scalar when the reference is
-    one. When the reference returns a number, so must the answer (number()), and says, a format of got and
+    wrong entry, *inputs)); crash: said after "name raised ...". A pair (output, weights) the reader returns
+    counts as its output when the reference returns a tensor (attention's convention), a one-element tensor as
+    a scalar when the reference is one. When the reference returns a number, so must the answer (number()), and says, a format of got and
     want ("you return {got:g}, expected {want}"), tells a wrong one: "where: says: message" for a named
     mistake, else "where: says{hint}" (hint(got, *inputs) when a function). Returns quietly when every output
     is close_to the reference's; raises AssertionError otherwise."""
@@ -139,7 +139,7 @@ def grade(answer, reference, cases: dict, mistakes: dict | None = None, *, name:
             got = number(got, f"{at}{name}")
             told = says.format(got=got, want=want)
         if isinstance(want, torch.Tensor):
-            got = got[0] if isinstance(got, tuple) else got
+            got = got[0] if isinstance(got, tuple) and len(got) == 2 else got    # (output, weights)
             if not isinstance(got, torch.Tensor):
                 raise AssertionError(f"{at}{name} must return a tensor, got {type(got).__name__}")
             got = got.reshape(()) if want.dim() == 0 and got.numel() == 1 else got
