@@ -265,7 +265,7 @@ def _wrong_axis(Q, K, V, mask=None):
     (lambda Q, K, V, mask=None: _reference(Q, K, V), "mask is ignored"),
     (lambda Q, K, V, mask=None: _reference(Q, K, V, None if mask is None else ~mask), "mask is inverted"),
     (_fill_minus_1e9, "must output zeros"),
-    (_nan_rows, "NaN"),
+    (_nan_rows, r"must output zeros: softmax over a row of -inf gives NaN"),
     (_wrong_axis, "wrong axis"),
     (lambda Q, K, V, mask=None: _reference(Q, K, V, mask)[..., :1], "output shape"),
     (lambda Q, K, V, mask=None: _reference(Q, K, V, mask).tolist(), "must return a tensor"),

@@ -20,7 +20,7 @@ from .feed_forward import ACTIVATIONS
 from .residual import LayerNorm
 from .hf import from_pretrained, hf_state_dict, load_by_names, save_by_names
 from .validation import (check_bool, check_config, check_float, check_int, check_mask, check_tensor,
-                                        check_token_ids, checked, checks_due, describe, lookup)
+                                        check_token_ids, checked, checks_due, describe, holds, lookup)
 
 # %% ../chapters/10_encoder_only.ipynb #c031
 @dataclasses.dataclass
@@ -365,10 +365,9 @@ def span_loss(logits, start, end):
         check_tensor(name, x, dim=1, floating=False, shape_text=f"(B,) = ({B},) positions")
         if x.size(0) != B:
             raise ValueError(f"{name} must have shape (B,) = ({B},), got {describe(x)}")
-    try:           # nothing is read back to the host (on a GPU a failed check is a device-side assertion)
-        torch._assert_async(((0 <= start) & (start <= end) & (end < S)).all(), "0 <= start <= end < S")
-    except RuntimeError:
-        raise ValueError(f"start and end must satisfy 0 <= start <= end < S = {S} in every row") from None
+    ordered = ((0 <= start) & (start <= end) & (end < S)).all()
+    if not holds(ordered, "0 <= start <= end < S"):             # read back from the device only on an error
+        raise ValueError(f"start and end must satisfy 0 <= start <= end < S = {S} in every row")
     return (F.cross_entropy(logits[..., 0], start) + F.cross_entropy(logits[..., 1], end)) / 2
 
 # %% ../chapters/10_encoder_only.ipynb #c043b

@@ -16,7 +16,7 @@ from .attention import padding_mask
 from .encoder import Encoder
 from .positional import PositionalEncoding, TokenEmbedding
 from .training import decay_groups, inference, model_device, train, warmup_linear_scheduler
-from .validation import check_bool, check_float, check_int, check_tensor, checked, describe
+from .validation import check_config, check_float, check_int, check_tensor, checked, describe
 
 # %% ../chapters/10_encoder_only.ipynb #c008
 PAD_ID, CLS_ID, MASK_ID = 0, 1, 2          # special tokens; the values 1..NUM_LEVELS are tokens 3..NUM_LEVELS + 2
@@ -129,9 +129,9 @@ class ClassifierConfig:
     def __post_init__(self):
         if self.pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {', '.join(map(repr, POOLINGS))}, got {self.pooling!r}")
-        check_bool("positional", self.positional)
+        check_config(self, ("vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_len"), epsilons=(),
+                     flags=("positional",))
         check_int("num_classes", self.num_classes, 2)
-        check_int("vocab_size", self.vocab_size)
         check_int("pad_id", self.pad_id, 0)
         if check_int("cls_id", self.cls_id, 0) >= self.vocab_size:
             raise ValueError(f"cls_id must lie in [0, vocab_size) = [0, {self.vocab_size}), got {self.cls_id}")

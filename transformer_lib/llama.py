@@ -27,7 +27,7 @@ class RotaryEmbedding(nn.Module):
     is the same model with the columns of W_q and W_k reordered.) The angles are computed in float32 whatever the
     dtype of x, as Llama's reference code and Hugging Face's do.
     forward(x (B, heads, n, d_k), offset=0, positions=None) -> the same shape; the rows of x sit at positions
-    offset .. offset + n - 1, or at positions (B|1, n) given per row (left-padded prompts)."""
+    offset .. offset + n - 1, or at positions (B|1, n) given per row (left-padded prompts; offset is then unused)."""
 
     def __init__(self, d_k: int, base: float = 10000.0):
         super().__init__()
@@ -178,7 +178,8 @@ class Llama(nn.Module):
                 window = sliding_window_mask(T, t + T, self.config.sliding_window, tokens.device)[None, None]
                 mask = window if mask is None else mask & window               # (B|1, h|1, T, t + T)
             for i, block in enumerate(self.blocks):
-                x = block(x, tgt_mask=mask, cache=None if cache is None else cache[i], position_ids=position_ids)
+                x = block(x, tgt_mask=mask, cache=None if cache is None else cache[i],
+                          position_ids=None if position_ids is None else position_ids.to(tokens.device))
             x = self.norm(x)
         return x @ self.token.weight.T if self.lm_head is None else self.lm_head(x)   # (B, T, V)
 

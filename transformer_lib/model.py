@@ -61,7 +61,7 @@ class TransformerConfig:
                       "num_heads": 16, "d_ff": 4096, "dropout": 0.3, **overrides})
 
 # %% ../chapters/07_decoder.ipynb #c024
-def decode_door(model, tgt, memory, src_mask, tgt_mask=None, cache=None, weight=None) -> int:
+def decode_door(model, tgt, memory, src_mask, tgt_mask, cache, weight) -> int:
     """The checks at the door of an encoder-decoder's decode (the Transformer; Chapter 12's T5) -> t, the cached
     positions. tgt (B, T) token ids (their type checked by the caller); memory (B, S, d_model) in the dtype of
     weight (the model's); src_mask required, (B|1, h|1, T|1, S); tgt_mask None or (B|1, h|1, T|1, t + T); a cache

@@ -42,7 +42,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d_model))   # γ
 
     def formula(self, x):
-        """The formula, step by step: what forward computes (asserted equal below)."""
+        """The formula, step by step: what forward computes (asserted equal below in float64; in float16 the
+        fused kernel rounds γ ⊙ (x / rms) in another order, one unit in the last place apart)."""
         z = x.to(torch.promote_types(x.dtype, torch.float32))   # float16/bfloat16 -> float32; others unchanged
         rms = torch.sqrt(z.pow(2).mean(-1, keepdim=True) + self.eps)     # (..., 1): no mean is subtracted
         return (self.weight * (z / rms)).to(x.dtype)
@@ -69,7 +70,6 @@ def relative_position_bucket(relative_position, bidirectional: bool = True, num_
     In each half, distances 0 .. exact-1 (exact = a quarter of the buckets, or half without direction) get a
     bucket each; longer distances share buckets whose width grows geometrically up to max_distance, and
     everything farther falls into the last bucket. relative_position: integer tensor -> long tensor, same shape."""
-    n = num_buckets // 2 if bidirectional else num_buckets                 # buckets per direction
     if checks_due():                        # called directly (T5 calls it inside its checked forward)
         if not isinstance(relative_position, torch.Tensor) or relative_position.is_floating_point() \
                 or relative_position.is_complex() or relative_position.dtype == torch.bool:
@@ -77,10 +77,11 @@ def relative_position_bucket(relative_position, bidirectional: bool = True, num_
                              f"got {describe(relative_position)}")
         check_bool("bidirectional", bidirectional)
         check_int("num_buckets", num_buckets, 4 if bidirectional else 2)
-        n = num_buckets // 2 if bidirectional else num_buckets
-        if check_int("max_distance", max_distance, 2) <= n // 2:
-            raise ValueError(f"max_distance must exceed the {n // 2} exact distances of num_buckets={num_buckets} "
-                             f"(bidirectional={bidirectional}), got {max_distance}")
+        if check_int("max_distance", max_distance, 2) <= (num_buckets // 2 if bidirectional else num_buckets) // 2:
+            raise ValueError(f"max_distance must exceed the {(num_buckets // 2 if bidirectional else num_buckets) // 2}"
+                             f" exact distances of num_buckets={num_buckets} (bidirectional={bidirectional}), got "
+                             f"{max_distance}")
+    n = num_buckets // 2 if bidirectional else num_buckets                 # buckets per direction
     if bidirectional:
         first = torch.where(relative_position > 0, n, 0)                   # keys after the query: upper half
         distance = relative_position.abs()

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 from .data import LengthGroupedSampler, TranslationDataset, collate
 from .model import Transformer, TransformerConfig
 from .utils import seed_everything
-from .validation import check_bool, check_float, check_int, check_tensor, describe
+from .validation import check_bool, check_float, check_int, check_tensor, describe, holds
 
 # %% ../chapters/08_training.ipynb #c028
 class LabelSmoothingLoss(nn.Module):
@@ -57,14 +57,14 @@ class LabelSmoothingLoss(nn.Module):
         V, eps = logits.size(-1), self.label_smoothing
         target = target.reshape(-1)                              # (N,)
         keep = target != self.pad_id                             # (N,) padding positions carry no loss
-        fits = ((target >= 0) & (target < V)) | ~keep
-        try:       # nothing is read back to the host (on a GPU a failed check is a device-side assertion)
-            torch._assert_async(fits.all(), "target holds ids outside [0, V)")
-        except RuntimeError:
+        fits = (((target >= 0) & (target < V)) | ~keep).all()
+        if not holds(fits, "target holds ids outside [0, V)"):   # read back from the device only on an error
             real = target[keep]
             raise ValueError(f"target holds ids outside [0, {V - 1}] (V = logits.size(-1) = {V}) other than "
-                             f"pad_id={self.pad_id}: from {int(real.min())} to {int(real.max())}") from None
-        logp = F.log_softmax(logits.reshape(-1, V), dim=-1)      # (N, V) log-probabilities
+                             f"pad_id={self.pad_id}: from {int(real.min())} to {int(real.max())}")
+        # padding rows get zeros before the softmax: whatever they hold (NaN, -inf) reaches no gradient
+        logits = torch.where(keep[:, None], logits.reshape(-1, V), 0.0)   # (N, V)
+        logp = F.log_softmax(logits, dim=-1)                     # (N, V) log-probabilities
         nll = -logp.gather(1, torch.where(keep, target, 0)[:, None]).squeeze(1)  # -log p(y): cross-entropy with
         uniform = -logp.mean(dim=-1)                             # the one-hot; -(1/V) sum_k log p(k): the uniform
         if eps == 0:                                             # 0 * inf would be nan for a -inf logit
@@ -74,7 +74,10 @@ class LabelSmoothingLoss(nn.Module):
         else:
             per_token = (1 - eps) * nll + eps * uniform
         per_token = torch.where(keep, per_token, 0.0)            # padding: no loss (no boolean indexing, which
-        return per_token.sum() / keep.sum().clamp(min=1)         # reads a size back); no real target: 0, not nan
+        # reads a size back); summed in float32 at least, as .mean() does (a float16 sum overflows at 65,504);
+        # no real target: 0, not nan
+        total = per_token.sum(dtype=torch.promote_types(per_token.dtype, torch.float32))
+        return (total / keep.sum().clamp(min=1)).to(per_token.dtype)
 
 
 def smoothed_targets(target, vocab_size: int, label_smoothing: float = 0.1):
@@ -444,7 +447,13 @@ def load_checkpoint(path, map_location="cpu"):
     model_class = _import_class(checkpoint["model_class"], "the checkpoint's 'model_class'")
     config_class = _import_class(checkpoint["config_class"], "the checkpoint's 'config_class'")
     model = model_class(config_class(**checkpoint["config"]))
-    model.load_state_dict(checkpoint["state_dict"])
+    try:
+        model.load_state_dict(checkpoint["state_dict"])
+    except RuntimeError as error:           # written from a model that Class(config) does not rebuild
+        raise ValueError(f"the checkpoint {str(path)!r} holds weights that {model_class.__name__}(config) does not "
+                         f"have or lacks ({str(error).splitlines()[1].strip()}): it was saved from a model built with "
+                         f"options beyond its config (e.g. a BertModel with add_pooler=False: save the "
+                         f"BertForMaskedLM that holds it)") from None
     return model.eval(), checkpoint
 
 # %% ../chapters/08_training.ipynb #c08tt

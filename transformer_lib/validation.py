@@ -2,7 +2,7 @@
 
 # %% auto #0
 __all__ = ['checks_due', 'checked', 'describe', 'check_int', 'check_float', 'check_probability', 'check_bool', 'check_tensor',
-           'check_same_dtype', 'check_token_ids', 'check_config', 'check_position_ids', 'lookup', 'check_rows',
+           'check_same_dtype', 'check_token_ids', 'check_config', 'holds', 'check_position_ids', 'lookup', 'check_rows',
            'check_attn_bias', 'check_mask']
 
 # %% ../chapters/appendix_tools.ipynb #c006b
@@ -132,6 +132,20 @@ def check_config(config, sizes=(), *, probabilities=("dropout",), epsilons=("eps
     if heads and config.d_model % config.num_heads:
         raise ValueError(f"d_model={config.d_model} must be divisible by num_heads={config.num_heads}: each head "
                          f"gets d_k = d_model / num_heads features")
+
+
+def holds(condition: torch.Tensor, message: str) -> bool:
+    """Whether a bool scalar tensor computed on the device is True, without reading it back where PyTorch can
+    help: on the CPU torch._assert_async raises at once (False here, so that the caller raises its clear
+    ValueError); on a CUDA device it is a device-side assertion, which stops the program later with message
+    instead of a ValueError (the price of no synchronisation); other devices (Apple's MPS) read it back."""
+    if condition.device.type not in ("cpu", "cuda"):
+        return bool(condition)
+    try:
+        torch._assert_async(condition, message)
+    except RuntimeError:
+        return False
+    return True
 
 
 def check_position_ids(name: str, position_ids, B: int, T: int) -> torch.Tensor:

@@ -18,6 +18,11 @@ TOLERANCES = {torch.float64: (1e-7, 1e-9), torch.float32: (1e-4, 1e-5), torch.fl
               torch.bfloat16: (3e-2, 3e-2)}                              # (rtol, atol)
 
 
+def _tolerance(got, want) -> tuple:
+    """(rtol, atol) of the less precise of the two tensors' dtypes (an integer tensor counts as float32)."""
+    return max(TOLERANCES.get(t.dtype, TOLERANCES[torch.float32]) for t in (got, want))
+
+
 def close_to(got, want, scale: float = 1.0) -> bool:
     """True when the reader's answer got equals the reference want within the tolerance of the less precise of
     their dtypes (TOLERANCES, times scale for an ill-conditioned computation). Tensors must have want's shape (got
@@ -34,7 +39,9 @@ def close_to(got, want, scale: float = 1.0) -> bool:
         rtol, atol = TOLERANCES[torch.float32]
         return abs(got - want) <= scale * (rtol * abs(want) + atol)
     want = want if isinstance(want, torch.Tensor) else torch.tensor(want, dtype=torch.float64)
-    rtol, atol = max(TOLERANCES.get(t.dtype, TOLERANCES[torch.float32]) for t in (got, want))
+    if not (got.is_floating_point() or want.is_floating_point()):      # ids, counts: exactly
+        return tuple(got.shape) == tuple(want.shape) and torch.equal(got.cpu(), want.cpu())
+    rtol, atol = _tolerance(got, want)
     return (tuple(got.shape) == tuple(want.shape)
             and torch.allclose(got.detach().to("cpu", torch.float64), want.detach().to("cpu", torch.float64),
                                rtol=rtol * scale, atol=atol * scale))
@@ -42,20 +49,21 @@ def close_to(got, want, scale: float = 1.0) -> bool:
 
 def number(value, what: str) -> float:
     """The reader's answer value (an int, a float, a one-element tensor or array) as a float; raises
-    AssertionError saying that `what` must be one number when it is not."""
+    AssertionError (a Verdict: call_reader passes it on as it is) saying that `what` must be one number when it
+    is not."""
     try:
         if isinstance(value, (str, bytes, bool)):
             raise TypeError
         return float(value)
     except (TypeError, ValueError, RuntimeError):
-        raise AssertionError(f"{what} must be one number (a float, an int or a one-element tensor), got "
+        raise Verdict(f"{what} must be one number (a float, an int or a one-element tensor), got "
                              f"{type(value).__name__}") from None
 
 
 def first_difference(got, want, scale: float = 1.0):
     """(index, got[index], want[index]) at the first position where the tensors got and want differ by more than
     close_to allows (or at all, when nowhere by more); None when they are equal."""
-    rtol, atol = TOLERANCES.get(got.dtype, TOLERANCES[torch.float32])
+    rtol, atol = _tolerance(got, want)
     got64, want64 = got.detach().to("cpu", torch.float64), want.detach().to("cpu", torch.float64)
     bad = ~torch.isclose(got64, want64, rtol=rtol * scale, atol=atol * scale)
     bad = bad if bad.any() else got64 != want64
@@ -92,7 +100,9 @@ def _is(got, wrong, scale: float) -> bool:
     if isinstance(wrong, torch.Size):
         return False
     if isinstance(wrong, torch.Tensor) and isinstance(got, torch.Tensor) and got.shape == wrong.shape:
-        wrong = torch.where(wrong.isnan(), got.detach().to(wrong.device, wrong.dtype), wrong)
+        anything = wrong.isnan()                   # compared nowhere there: the reader's NaN (the usual slip) too
+        got = torch.where(anything.to(got.device), 0.0, got.detach())
+        wrong = torch.where(anything, 0.0, wrong)
     return close_to(got, wrong, scale)
 
 

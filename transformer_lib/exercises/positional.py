@@ -118,7 +118,7 @@ def check_offset_distances(fn) -> None:
             lambda k, d_model, base: _offset_distances(k, d_model, base, exponent=1)}
     cases = {f"fn(k, d_model={d_model}, base={base:g})": (k, d_model, base)
              for d_model, base in ((64, 10000.0), (64, 100.0), (16, 10000.0), (128, 1000.0))}
-    grade(lambda *inputs: torch.as_tensor(fn(*inputs)).flatten(), _offset_distances, cases, mistakes, scale=1000,
+    grade(lambda *inputs: torch.as_tensor(fn(*inputs)).flatten(), _offset_distances, cases, mistakes,
           shape="one distance per offset, ",
           hint=lambda at, *_: f": the distance at offset k = {int(k[at[0]])}")
     report = []
