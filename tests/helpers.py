@@ -9,6 +9,9 @@ from torch import nn
 
 from transformer_lib.applications import PEOPLE, PLACES, VOCAB
 
+DT = torch.float64      # the equality proofs run in float64 ...
+ATOL = 1e-12            # ... and agree to this (round-off is about 1e-15)
+
 
 def import_hf(name: str = "transformers"):
     """Import `transformers` or `tokenizers` for a Hugging Face comparison. Locally a missing package skips the

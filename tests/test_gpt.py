@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import assert_download_fails, import_hf, max_diff, noisy, randomize
+from helpers import ATOL, DT, assert_download_fails, import_hf, max_diff, noisy, randomize
 
 from transformer_lib.gpt import (
     GPT,
@@ -31,8 +31,6 @@ from transformer_lib.gpt import (
 )
 from transformer_lib.multi_head import attention_maps
 
-DT = torch.float64
-ATOL = 1e-12
 V = 50                                           # vocabulary of the small models
 PAD = 0
 

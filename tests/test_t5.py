@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import assert_download_fails, import_hf, max_diff, noisy, randomize
+from helpers import ATOL, DT, assert_download_fails, import_hf, max_diff, noisy, randomize
 
 from transformer_lib.bert import IGNORE_INDEX, token_cross_entropy
 from transformer_lib.exercises.t5 import check_buckets
@@ -27,8 +27,6 @@ from transformer_lib.t5 import (
     t5_generate,
 )
 
-DT = torch.float64
-ATOL = 1e-12
 V = 40                                           # vocabulary of the small models
 PAD = 0
 
