@@ -31,7 +31,7 @@ from transformer_lib.bert import (
     token_cross_entropy,
 )
 from transformer_lib.classifier import ClassifierConfig, SequenceClassifier
-from transformer_lib.decoding import greedy_decode
+from transformer_lib.decoding import beam_search, greedy_decode
 from transformer_lib.gpt import GPT, GPTConfig, lm_loss
 from transformer_lib.llama import Llama, LlamaConfig
 from transformer_lib.model import Transformer, TransformerConfig
@@ -175,13 +175,15 @@ def test_generate_checks_once_per_call_not_per_token(name):
         assert counts[0] == counts[1], counts
 
 
-@pytest.mark.parametrize("name", ["Transformer", "T5"])
+@pytest.mark.parametrize("name", ["Transformer", "T5", "Transformer/beam"])
 def test_encoder_decoder_decoding_checks_once_per_call_not_per_token(name):
     torch.manual_seed(0)
-    model = FAMILIES[name][0](2).eval()
+    model = FAMILIES[name.split("/")[0]][0](2).eval()
     src = ids(2, 6, seed=8)
     if name == "T5":
         run = [lambda n=n: t5_generate(model, src, n) for n in (1, 6)]
+    elif name == "Transformer/beam":
+        run = [lambda n=n: beam_search(model, src, bos_id=1, eos_id=2, beam_size=3, max_new_tokens=n) for n in (1, 6)]
     else:
         run = [lambda n=n: greedy_decode(model, src, bos_id=1, eos_id=2, max_new_tokens=n) for n in (1, 6)]
     assert validation_calls(run[0]) == validation_calls(run[1])
@@ -223,6 +225,7 @@ def test_label_smoothing_loss_ignores_whatever_padding_holds_and_sums_half_preci
 def test_losses_still_name_bad_targets():
     with pytest.raises(ValueError, match=r"target holds ids outside \[0, 29\].*from 3 to 30"):
         LabelSmoothingLoss(0.1, pad_id=0)(torch.randn(1, 3, V), torch.tensor([[3, 30, 0]]))
+    assert span_loss(torch.randn(0, 6, 2), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)) == 0
     with pytest.raises(ValueError, match="0 <= start <= end < S = 6"):
         span_loss(torch.randn(2, 6, 2), torch.tensor([0, 4]), torch.tensor([1, 3]))
 

@@ -368,7 +368,9 @@ def span_loss(logits, start, end):
     ordered = ((0 <= start) & (start <= end) & (end < S)).all()
     if not holds(ordered, "0 <= start <= end < S"):             # read back from the device only on an error
         raise ValueError(f"start and end must satisfy 0 <= start <= end < S = {S} in every row")
-    return (F.cross_entropy(logits[..., 0], start) + F.cross_entropy(logits[..., 1], end)) / 2
+    total = (F.cross_entropy(logits[..., 0], start, reduction="sum")
+             + F.cross_entropy(logits[..., 1], end, reduction="sum"))
+    return total / (2 * max(B, 1))                 # the mean over the batch; an empty batch (B = 0) gives 0, not nan
 
 # %% ../chapters/10_encoder_only.ipynb #c043b
 def bert_from_pretrained(name_or_path="bert-base-uncased", dtype=torch.float32):

@@ -42,12 +42,13 @@ def _no_output(device):
 def length_penalty(length, alpha: float = 0.6):
     """lp(Y) = ((5 + |Y|) / 6) ** alpha (Wu et al., 2016). The paper uses alpha = 0.6.
     length: a number >= 0 or a tensor of them; alpha >= 0."""
-    check_float("alpha", alpha, 0.0, math.inf, high_open=True)
-    if isinstance(length, torch.Tensor):
-        if length.is_complex() or length.dtype == torch.bool or (length.numel() and bool((length < 0).any())):
-            raise ValueError(f"length must hold real numbers >= 0, got {describe(length)}")
-    else:
-        check_float("length", length, 0.0, math.inf, high_open=True)
+    if checks_due():                    # called directly (beam search calls it at every step, checked once)
+        check_float("alpha", alpha, 0.0, math.inf, high_open=True)
+        if isinstance(length, torch.Tensor):
+            if length.is_complex() or length.dtype == torch.bool or (length.numel() and bool((length < 0).any())):
+                raise ValueError(f"length must hold real numbers >= 0, got {describe(length)}")
+        else:
+            check_float("length", length, 0.0, math.inf, high_open=True)
     return ((5 + length) / 6) ** alpha
 
 
