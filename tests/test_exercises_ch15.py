@@ -47,14 +47,19 @@ GRADERS = [
         (lambda sentences, person: nearest_place(sentences, ["where", "is", person, "?"]), "MOVES the person"),
         (lambda sentences, person: last_place(sentences, None),
          r"where_is\(story, '\w+'\) returned '\w+', but the answer is the"),
+        (lambda sentences, person: [s[-2] for s in sentences if s[0] == person and s[-2] in PLACES][0],  # the first move
+         r"returned '\w+', but the answer is the .*the last sentence that MOVES the person decides"),
     ]),
     grader_row(check_where_is_object, correct=[where_is_object], mistakes=[
         (lambda sentences, obj: nearest_place(sentences, ["where", "is", "the", obj, "?"]),
          "follow the person who last picked it up"),
+        (lambda sentences, obj: last_place(sentences, None), "follow the person who last picked it up"),
+        (lambda sentences, obj: PLACES[0], r"returned '\w+', but the answer is the"),              # a constant
     ]),
     grader_row(check_rouge1, correct=[rouge1_f, lambda p, r: float(rouge1_f(p, r))], mistakes=[   # any real number type
         (lambda p, r: 2 * sum(w in r for w in p) / (len(p) + len(r)),
          r"count each word at most min\(count in prediction, count in reference\)"),
         (lambda p, r: sum((Counter(p) & Counter(r)).values()) / len(r), "ROUGE-1 F1 is"),       # recall, not F1
+        (lambda p, r: sum((Counter(p) & Counter(r)).values()) / len(p), "ROUGE-1 F1 is"),       # precision
     ]),
 ]
