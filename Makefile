@@ -37,13 +37,14 @@ unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: help venv lock lock-floor lock-check export sync-check lint test-lib test-notebooks test-notebooks-training \
         test-notebooks-other-cpu test-notebooks-ci test-notebooks-training-other-cpu \
-        book book-stored test-browser test-lib-timed book-and-browser test test-fast test-floor test-gpu bench experiments clean
+        book book-stored test-browser test-lib-timed book-and-browser test test-fast test-floor test-gpu bench recipes experiments clean
 
 help:
 	@echo "make book   execute every chapter and build the HTML book into _build/html/ (open _build/html/index.html)"
 	@echo "make test   sync check, lint, library tests, nbval on every chapter, strict book build, browser check"
 	@echo "make export re-export transformer_lib/ from the chapters' #| export cells"
 	@echo "make bench  the book's performance as ratios measured in one run (prints a table, writes _build/bench.json)"
+	@echo "make recipes  train the book's committed models once (transformer_lib/checkpoints/: checkpoints and records)"
 	@echo "make experiments  the several-seed experiments the chapters print (about half an hour; writes transformer_lib/results/)"
 	@echo "make test-fast  sync check, lint, library tests (no registry), nbval of the chapters that do not train"
 	@echo "make test-floor library tests in .venv-floor, on the oldest versions pyproject.toml declares"
@@ -105,7 +106,7 @@ test-fast: venv
 # The oldest versions the package declares (pyproject.toml's `>=` floors, torch excepted: see CONTRIBUTING.md),
 # fully pinned in constraints-floor.txt, in their own virtualenv; the library tests only (no notebooks: their
 # stored outputs belong to the lock's versions; nor the maintainers' scripts of experiments/ and benchmarks/, which
-# run in .venv). `make lock-floor` regenerates constraints-floor.txt. uv installs exactly the packages the floor lock
+# run in .venv: the recipes' records hold the sha256 of data that the lock's num2words writes). `make lock-floor` regenerates constraints-floor.txt. uv installs exactly the packages the floor lock
 # pins and the package itself, without resolving (--no-deps; 4 s instead of pip's 39 s here): resolving, uv would not
 # see the torch that tools/torch_overlay.py links in and would install another torch from the registry (a CUDA
 # build). The lock check below says if the result differs from the lock; pip resolves instead if uv fails. The
@@ -117,7 +118,8 @@ test-fast: venv
 FLOOR_VENV   := .venv-floor
 FLOOR_TOOLS  := pytest pytest-xdist hypothesis nbformat pyyaml
 FLOOR_IGNORE := --ignore=tests/test_browser.py --ignore=tests/test_export.py --ignore=tests/test_book_structure.py \
-                --ignore=tests/test_nbval_sanitize.py --ignore=tests/test_experiments.py --ignore=tests/test_bench.py
+                --ignore=tests/test_nbval_sanitize.py --ignore=tests/test_experiments.py --ignore=tests/test_bench.py \
+                --ignore=tests/test_recipes.py
 $(FLOOR_VENV)/.installed: pyproject.toml $(FLOOR_LOCK) | $(VENV)/.installed
 	rm -rf $(FLOOR_VENV) && $(PYTHON) -m venv --without-pip $(FLOOR_VENV)
 	$(BIN)/python tools/torch_overlay.py $(FLOOR_VENV)/bin/python $(FLOOR_VENV)/torch-overlay   # .venv's torch
@@ -249,8 +251,14 @@ bench: venv
 # ablation and qa_seeds one after the other beside vit_seeds, one CPU thread each). Each writes a JSON into
 # transformer_lib/results/, which a chapter prints and asserts on.
 # Commit the JSON files with the chapter re-executed (see CONTRIBUTING.md, "Experiments over several seeds").
+# `make recipes` (part of `make experiments`): train the book's committed models once, one CPU thread each, and write
+# their checkpoints and records into transformer_lib/checkpoints/ (experiments/recipes.py; on the machine that wrote
+# them, the files come out bit for bit the same). Commit them with the chapters re-executed.
+recipes: venv
+	OMP_NUM_THREADS=1 $(BIN)/python experiments/recipes.py
+
 RESULTS := transformer_lib/results
-experiments: venv
+experiments: venv recipes
 	(OMP_NUM_THREADS=1 $(BIN)/python experiments/t5_tasks.py --json $(RESULTS)/t5_tasks.json && \
 	    OMP_NUM_THREADS=1 $(BIN)/python experiments/ablation.py --json $(RESULTS)/ablation.json && \
 	    OMP_NUM_THREADS=1 $(BIN)/python experiments/qa_seeds.py --json $(RESULTS)/qa_seeds.json) & \

@@ -111,6 +111,9 @@ def test_the_cli_works_after_a_plain_install_of_the_wheel(tmp_path):
     (wheel,) = wheels.glob("transformer_textbook-*.whl")
     with zipfile.ZipFile(wheel) as archive:      # the experiments' results, which Chapters 8 and 12 print, ship with it
         assert {f"transformer_lib/results/{name}.json" for name in ("ablation", "t5_tasks", "vit_seeds", "qa_seeds")} <= set(archive.namelist())
+        committed = {str(p.relative_to(ROOT)) for p in (ROOT / "transformer_lib" / "checkpoints").rglob("*")
+                     if p.is_file()}             # ... and so do the trained models and their records
+        assert committed and committed <= set(archive.namelist())
     python = fresh_python(tmp_path / "venv", str(wheel))
     names = installed_names(python)
     assert names.get("transformer-textbook") == PYPROJECT["version"]
@@ -118,6 +121,12 @@ def test_the_cli_works_after_a_plain_install_of_the_wheel(tmp_path):
     run = dict(cwd=tmp_path, env=clean_env(), capture_output=True, text=True)
     help_ = subprocess.run([python, "-m", "transformer_lib.train", "--help"], **run)
     assert help_.returncode == 0 and "--task" in help_.stdout, help_.stderr
+    # the same weights as a clone: the committed translator, its sha256 checked, loads and translates
+    load = ("from transformer_lib.training import load_recipe\n"
+            "model, ckpt = load_recipe('translator')\n"
+            "print(type(model).__name__, ckpt['step'], sum(p.numel() for p in model.parameters()))")
+    loaded = subprocess.run([python, "-c", load], **run)
+    assert loaded.returncode == 0 and loaded.stdout.split()[:2] == ["Transformer", "2000"], loaded.stderr[-2000:]
     for task in ("translate", "gpt"):
         args = ["--task", task, "--steps", "3", "--batch-size", "8", "--d-model", "16", "--heads", "2",
                 "--d-ff", "32", "--layers", "1", "--numbers", "300", "--valid", "20", "--context", "16",

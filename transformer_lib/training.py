@@ -4,7 +4,8 @@
 __all__ = ['CHECKSUM_KEY', 'LabelSmoothingLoss', 'smoothed_targets', 'noam_lr', 'make_optimizer', 'decay_groups',
            'noam_scheduler', 'warmup_linear_scheduler', 'TrainingDiverged', 'to_device', 'model_device', 'inference',
            'evaluate_loss', 'train', 'checkpoint_checksum', 'checkpoint_dict', 'save_checkpoint', 'read_checkpoint',
-           'load_checkpoint', 'train_translator', 'load_results']
+           'load_checkpoint', 'recipes_folder', 'recipe_record', 'data_sha256', 'file_sha256', 'recipe_checkpoint',
+           'load_recipe', 'check_loss_prefix', 'train_translator', 'load_results']
 
 # %% ../chapters/08_training.ipynb #c004
 import contextlib
@@ -456,14 +457,93 @@ def load_checkpoint(path, map_location="cpu"):
                          f"BertForMaskedLM that holds it)") from None
     return model.eval(), checkpoint
 
+# %% ../chapters/08_training.ipynb #c045r
+def recipes_folder():
+    """transformer_lib/checkpoints/: the book's trained models and their records, shipped with the library
+    (package data: Colab and a plain install read the same files as a clone)."""
+    return files("transformer_lib") / "checkpoints"
+
+
+def recipe_record(name: str) -> dict:
+    """What experiments/recipes.py recorded when it trained recipe `name` (`make recipes`): the recipe's
+    arguments, the data's sha256, seed, steps, examples and tokens seen, wall time, threads, machine, torch
+    version, the full loss history and the sha256 of every checkpoint file it kept. <name>.json in
+    recipes_folder(); the files themselves lie in the folder <name>/ beside it."""
+    folder = recipes_folder()
+    available = sorted(f.name.removesuffix(".json") for f in folder.iterdir() if f.name.endswith(".json"))
+    if name not in available:
+        raise ValueError(f"name must be one of the recorded recipes {available}, got {describe(name)}")
+    return json.loads((folder / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def data_sha256(data) -> str:
+    """The SHA-256 of JSON-serialisable data (e.g. a list of (source, target) text pairs, in order): what a
+    recipe's record keeps of its training data, so that a chapter can show it trains on the same."""
+    return hashlib.sha256(json.dumps(data, ensure_ascii=False).encode()).hexdigest()
+
+
+def file_sha256(path) -> str:
+    """The SHA-256 of a file's bytes, as `sha256sum` prints it."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def recipe_checkpoint(name: str, file: str) -> str:
+    """The path of one committed checkpoint of recipe `name`, once its sha256 equals the one the recipe recorded
+    (a ValueError names the file otherwise: changed, truncated or missing)."""
+    files_ = recipe_record(name)["files"]
+    if file not in files_:
+        raise ValueError(f"file must be one of recipe {name!r}'s checkpoints {sorted(files_)}, got {describe(file)}")
+    path = os.fspath(recipes_folder() / name / file)
+    if not os.path.isfile(path):
+        raise ValueError(f"recipe {name!r}: {path} is missing; `python experiments/recipes.py {name}` writes it")
+    if (digest := file_sha256(path)) != files_[file]["sha256"]:
+        raise ValueError(f"recipe {name!r}: {path} has sha256 {digest[:16]}..., its record says "
+                         f"{files_[file]['sha256'][:16]}...: the file is not the one the recipe wrote")
+    return path
+
+
+def load_recipe(name: str, file: str | None = None, map_location="cpu"):
+    """load_checkpoint of a committed checkpoint of recipe `name` (default: the record's final one), its sha256
+    checked first. -> (model in eval mode, checkpoint dict)"""
+    return load_checkpoint(recipe_checkpoint(name, recipe_record(name)["final"] if file is None else file),
+                           map_location)
+
+
+def check_loss_prefix(losses, record, rtol: float = 1e-3) -> float:
+    """Assert that `losses`, the first K steps of a live run, equal the first K losses of the recorded run (a
+    recipe_record, or a list of per-step losses) to a relative tolerance rtol: float32 sums differ in their last
+    bits between CPUs, and the gap grows with training (experiments/README.md has it measured).
+    -> the largest relative difference."""
+    check_float("rtol", rtol, 0.0, 1.0, low_open=True)
+    recorded = record["history"]["loss"] if isinstance(record, dict) else record
+    if not isinstance(recorded, (list, tuple)):
+        raise ValueError(f"record must be a recipe_record or a list of losses, got {describe(record)}")
+    if not isinstance(losses, (list, tuple)) or not 1 <= len(losses) <= len(recorded):
+        raise ValueError(f"losses must be a list of 1 to {len(recorded)} losses (the recorded run's length), got "
+                         f"{describe(losses)}")
+    gaps = [abs(live - then) / abs(then) for live, then in zip(losses, recorded, strict=False)]
+    bad = [step for step, gap in enumerate(gaps, 1) if not gap <= rtol]       # a NaN is caught too
+    assert not bad, (f"step {bad[0]}: the live loss {losses[bad[0] - 1]:.6f} differs from the recorded "
+                     f"{recorded[bad[0] - 1]:.6f} by {gaps[bad[0] - 1]:.2e} (relative), more than rtol={rtol:g}: "
+                     f"this run is not the recipe's (other data, arguments or code)")
+    return max(gaps)
+
 # %% ../chapters/08_training.ipynb #c08tt
 def train_translator(config, tokenizer, pairs, steps: int, *, batch_size: int = 32, lr: float = 2e-3,
                      warmup: bool = True, label_smoothing: float = 0.1, seed: int = 0, make_scheduler=None,
-                     device=None):
+                     device=None, evaluate=None, eval_every: int = 250, save_every: int | None = None,
+                     save_dir=None, stop_after: int | None = None):
     """This chapter's recipe in one call: seed_everything(seed), a fresh Transformer(config) on device (default:
     the CPU), `steps` Adam steps (make_optimizer(lr)) on length-grouped batches of batch_size (source, target)
     text pairs encoded by tokenizer, label-smoothed cross-entropy, and a 5 % linear warm-up (none if warmup is
     False) with a linear decay to zero, or the scheduler make_scheduler(optimizer) returns.
+    evaluate(model) -> float runs every eval_every steps (train()'s); save_every: save_checkpoint(save_dir /
+    f"step{step}.pt", model, chars=tokenizer.chars, step=step) every save_every steps; stop_after: take only the
+    first stop_after of the `steps` (the schedule stays that of `steps`: the first steps of the full run).
     -> (the model in eval mode, train()'s history)"""
     if not isinstance(config, TransformerConfig):
         raise ValueError(f"config must be a TransformerConfig, got {describe(config)}")
@@ -476,6 +556,13 @@ def train_translator(config, tokenizer, pairs, steps: int, *, batch_size: int = 
                          f"pad_id={config.pad_id}")
     check_int("steps", steps, 2)
     check_bool("warmup", warmup)
+    last = steps if stop_after is None else check_int("stop_after", stop_after, 1)
+    if last > steps:
+        raise ValueError(f"stop_after must be <= steps={steps}, got {stop_after}")
+    if save_every is not None:
+        check_int("save_every", save_every, 1)
+        if not isinstance(save_dir, (str, os.PathLike)) or not os.path.isdir(save_dir):
+            raise ValueError(f"save_dir must be an existing folder when save_every is given, got {describe(save_dir)}")
     if make_scheduler is not None and not callable(make_scheduler):
         raise ValueError(f"make_scheduler must be None or a function of the optimizer, got {describe(make_scheduler)}")
     loss_fn = LabelSmoothingLoss(label_smoothing, tokenizer.pad_id)
@@ -486,8 +573,14 @@ def train_translator(config, tokenizer, pairs, steps: int, *, batch_size: int = 
                  warmup_linear_scheduler(optimizer, steps, max(1, steps // 20) if warmup else 1))
     sampler = LengthGroupedSampler([(len(s), len(t)) for s, t in dataset], batch_size, seed=seed)
     batches = DataLoader(dataset, batch_sampler=sampler, collate_fn=functools.partial(collate, pad_id=tokenizer.pad_id))
+
+    def save(step, history):
+        if save_every is not None and step % save_every == 0:
+            save_checkpoint(os.path.join(save_dir, f"step{step}.pt"), model, chars=tokenizer.chars, step=step)
+
     history = train(model, lambda m, b: loss_fn(m(b.src, b.tgt_in, b.src_mask, b.tgt_mask), b.tgt_out), batches,
-                    optimizer, scheduler, steps, progress=False)
+                    optimizer, scheduler, last, evaluate=evaluate, eval_every=eval_every, on_step=save,
+                    progress=False)
     return model.eval(), history
 
 

@@ -1,0 +1,156 @@
+"""Train the book's committed models: each recipe trains one chapter's model with the library's own code, keeps the
+checkpoints the chapter analyses in transformer_lib/checkpoints/<name>/ and writes its record <name>.json beside
+them (arguments, the data's sha256, seed, steps, examples and tokens seen, wall time, threads, machine, torch
+version, the whole loss history, each file's sha256).
+
+The chapter re-runs the first steps live and asserts its losses equal the record's (check_loss_prefix), then loads
+the files (recipe_checkpoint checks each sha256). Run on one CPU thread (`make recipes`), a recipe reproduces its
+files bit for bit on the machine that wrote them; elsewhere its loss prefix, to the chapter's tolerance.
+
+    python experiments/recipes.py translator [--device cuda] [--out DIR]
+"""
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+
+import torch
+
+from transformer_lib.training import file_sha256
+
+RECIPES = {}
+
+
+def recipe(fn):
+    RECIPES[fn.__name__] = fn
+    return fn
+
+
+def machine(device: str) -> dict:
+    cpu = platform.processor() or platform.machine()
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    gpu = torch.cuda.get_device_name() if device.startswith("cuda") else None
+    return {"cpu": cpu, "cores": os.cpu_count(), "gpu": gpu, "system": platform.system()}
+
+
+@functools.cache
+def translator_setup() -> dict:
+    """Chapter 8's data, tokenizer, configuration and the arguments of train_translator (the chapter's STEPS,
+    BATCH, PEAK_LR, SLICE), built with the chapter's own functions (once per process: numbering 64,000 numbers in
+    words takes seconds)."""
+    from torch.utils.data import DataLoader
+
+    from transformer_lib.data import (
+        CharTokenizer,
+        LengthGroupedSampler,
+        TranslationDataset,
+        collate,
+        number_pairs,
+        split_numbers,
+        training_numbers,
+    )
+    from transformer_lib.model import TransformerConfig
+    from transformer_lib.training import LabelSmoothingLoss, evaluate_loss
+
+    steps, batch, lr, slice_ = 2000, 32, 2e-3, 200
+    pool, valid_numbers, _ = split_numbers(1_000_000, 500, 2_000, seed=0)
+    train_pairs, valid_pairs = number_pairs(training_numbers(pool, steps * batch, seed=1)), number_pairs(valid_numbers)
+    tokenizer = CharTokenizer.from_texts([text for pair in train_pairs for text in pair])
+    config = TransformerConfig(src_vocab_size=len(tokenizer), tgt_vocab_size=len(tokenizer), d_model=64, num_heads=4,
+                               d_ff=256, num_encoder_layers=2, num_decoder_layers=2, dropout=0.0, max_len=128,
+                               pad_id=tokenizer.pad_id)
+    valid_set = TranslationDataset(valid_pairs, tokenizer)
+    valid_loader = DataLoader(valid_set, batch_sampler=LengthGroupedSampler([(len(s), len(t)) for s, t in valid_set],
+                                                                            250, shuffle=False),
+                              collate_fn=lambda b: collate(b, pad_id=tokenizer.pad_id))
+    loss_fn = LabelSmoothingLoss(0.1, tokenizer.pad_id)
+    return {"config": config, "tokenizer": tokenizer, "train_pairs": train_pairs, "valid_pairs": valid_pairs,
+            "args": {"steps": steps, "batch_size": batch, "lr": lr, "seed": 0, "eval_every": slice_,
+                     "save_every": slice_},
+            "evaluate": lambda m: evaluate_loss(m, valid_loader, loss_fn)}
+
+
+def translator_first_steps(k: int) -> list:
+    """The losses of the translator recipe's first k steps (what the chapter and tests/ compare with the record)."""
+    from transformer_lib.training import train_translator
+
+    s = translator_setup()
+    args = {key: v for key, v in s["args"].items() if key not in ("eval_every", "save_every")}
+    return train_translator(s["config"], s["tokenizer"], s["train_pairs"], stop_after=k, **args)[1]["loss"]
+
+
+@recipe
+def translator(out: str, device: str) -> dict:
+    """Chapter 8: the English -> German number translator (2,000 steps of 32 numbers, one epoch), its early
+    checkpoint (step 800) and the last five of every 200 steps (averaged in the chapter)."""
+    from transformer_lib.data import TranslationDataset
+    from transformer_lib.training import data_sha256, train_translator
+
+    s = translator_setup()
+    config, tokenizer, train_pairs, args = s["config"], s["tokenizer"], s["train_pairs"], s["args"]
+    keep = [800, 1200, 1400, 1600, 1800, 2000]
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        _, history = train_translator(config, tokenizer, train_pairs, device=device, evaluate=s["evaluate"],
+                                      save_dir=tmp, **args)
+        seconds = time.perf_counter() - start
+        for step in keep:
+            shutil.copy(os.path.join(tmp, f"step{step}.pt"), os.path.join(out, f"step{step}.pt"))
+    train_set = TranslationDataset(train_pairs, tokenizer)
+    steps = args["steps"]
+    return {"chapter": "08_training", "function": "transformer_lib.training.train_translator",
+            "args": {"config": dataclasses.asdict(config), **args},
+            "data": {"train_pairs_sha256": data_sha256(train_pairs), "valid_pairs_sha256": data_sha256(s["valid_pairs"]),
+                     "chars": tokenizer.chars},
+            "seed": args["seed"], "steps": steps, "examples_seen": steps * args["batch_size"],
+            "tokens_seen": sum(len(src) + len(tgt) - 1 for src, tgt in train_set),   # one epoch, no padding
+            "seconds": seconds, "history": {k: history[k] for k in ("loss", "eval_step", "eval")},
+            "final": f"step{steps}.pt", "files": {f"step{step}.pt": {"step": step} for step in keep}}
+
+
+def run(name: str, root: str, device: str) -> dict:
+    """Train recipe `name`, write its files into root/<name>/ (replacing the old ones) and root/<name>.json."""
+    out = os.path.join(root, name)
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    record = {"recipe": name, "made_by": f"python experiments/recipes.py {name}" +
+              (f" --device {device}" if device != "cpu" else ""), **RECIPES[name](out, device)}
+    for file, entry in record["files"].items():
+        path = os.path.join(out, file)
+        entry.update(bytes=os.path.getsize(path), sha256=file_sha256(path))
+    record.update(device=device, threads=torch.get_num_threads(), machine=machine(device),
+                  torch=torch.__version__, python=platform.python_version())
+    with open(os.path.join(root, f"{name}.json"), "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+    return record
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", default=sorted(RECIPES), help=f"recipes to train (default: all of "
+                        f"{sorted(RECIPES)})")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "transformer_lib",
+                                                      "checkpoints"))
+    return parser
+
+
+if __name__ == "__main__":
+    args = make_parser().parse_args()
+    for name in args.names:
+        if name not in RECIPES:
+            sys.exit(f"unknown recipe {name!r}: choose from {sorted(RECIPES)}")
+    for name in args.names:
+        r = run(name, args.out, args.device)
+        print(f"{name}: {r['steps']} steps, {r['tokens_seen']:,} tokens, {r['seconds']:.0f} s on {r['machine']['cpu']}"
+              f" ({r['threads']} thread(s)); {', '.join(r['files'])}", flush=True)

@@ -1,0 +1,147 @@
+"""The book's committed models (transformer_lib/checkpoints/, written by experiments/recipes.py): every file is the one
+its recipe recorded (sha256 and size), every record is complete and matches its recipe's current arguments and
+data, a recipe's first steps reproduce the recorded losses, and a changed or missing file is refused by name."""
+
+import dataclasses
+import functools
+import importlib.util
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer_lib import training
+from transformer_lib.training import (
+    check_loss_prefix,
+    data_sha256,
+    file_sha256,
+    load_recipe,
+    recipe_checkpoint,
+    recipe_record,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDER = ROOT / "transformer_lib" / "checkpoints"
+RECORDS = sorted(p.stem for p in FOLDER.glob("*.json"))
+BUDGET = 40 * 2**20                   # all committed checkpoints together (issue 46)
+
+
+@functools.cache
+def recipes_script():
+    spec = importlib.util.spec_from_file_location("recipes", ROOT / "experiments" / "recipes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_recipe_has_a_record_and_every_record_a_recipe():
+    assert RECORDS and set(RECORDS) == set(recipes_script().RECIPES)
+
+
+@pytest.mark.parametrize("name", RECORDS)
+def test_the_record_is_complete_and_every_file_is_the_recorded_one(name):
+    r = recipe_record(name)
+    for key in ("recipe", "made_by", "chapter", "function", "args", "data", "seed", "steps", "examples_seen",
+                "tokens_seen", "seconds", "threads", "machine", "device", "torch", "python", "history", "final",
+                "files"):
+        assert key in r, f"the record of {name!r} has no {key!r}"
+    assert r["recipe"] == name and r["final"] in r["files"]
+    assert len(r["history"]["loss"]) == r["steps"] and all(math.isfinite(x) for x in r["history"]["loss"])
+    assert {"cpu", "gpu"} <= set(r["machine"]) and r["seconds"] > 0 and r["tokens_seen"] > 0
+    on_disk = {p.name for p in (FOLDER / name).iterdir()}
+    assert on_disk == set(r["files"]), "a checkpoint file without a record, or a recorded file missing"
+    for file, entry in r["files"].items():
+        path = recipe_checkpoint(name, file)                 # checks the sha256
+        assert Path(path).stat().st_size == entry["bytes"] and file_sha256(path) == entry["sha256"]
+    model, checkpoint = load_recipe(name)                    # the final checkpoint, rebuilt
+    assert checkpoint["step"] == r["files"][r["final"]]["step"] == r["steps"]
+    assert not model.training
+
+
+def test_the_committed_checkpoints_stay_within_their_budget():
+    total = sum(p.stat().st_size for p in FOLDER.rglob("*.pt"))
+    assert total <= BUDGET, f"{total / 2**20:.1f} MiB of checkpoints, more than {BUDGET / 2**20:.0f} MiB"
+
+
+def test_the_translator_record_holds_the_recipes_current_arguments_and_data():
+    setup, r = recipes_script().translator_setup(), recipe_record("translator")
+    assert r["args"] == {"config": dataclasses.asdict(setup["config"]), **setup["args"]}
+    assert r["data"]["train_pairs_sha256"] == data_sha256(setup["train_pairs"])
+    assert r["data"]["valid_pairs_sha256"] == data_sha256(setup["valid_pairs"])
+    assert r["data"]["chars"] == setup["tokenizer"].chars
+
+
+def test_the_translators_first_steps_reproduce_its_recorded_losses():
+    losses = recipes_script().translator_first_steps(20)
+    assert len(losses) == 20
+    assert check_loss_prefix(losses, recipe_record("translator"), rtol=1e-3) <= 1e-3
+
+
+@pytest.fixture
+def copied(tmp_path, monkeypatch):
+    """The committed checkpoints copied to tmp_path, which recipe_record and recipe_checkpoint then read."""
+    shutil.copytree(FOLDER, tmp_path / "checkpoints")
+    monkeypatch.setattr(training, "recipes_folder", lambda: tmp_path / "checkpoints")
+    return tmp_path / "checkpoints"
+
+
+def test_a_changed_checkpoint_is_refused_before_loading(copied):
+    name = RECORDS[0]
+    file = recipe_record(name)["final"]
+    path = copied / name / file
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1                                # one bit
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=f"recipe '{name}'.*{file} has sha256 .* not the one the recipe wrote"):
+        load_recipe(name)
+    path.unlink()
+    with pytest.raises(ValueError, match=f"{file} is missing; `python experiments/recipes.py {name}` writes it"):
+        recipe_checkpoint(name, file)
+
+
+def test_unknown_recipes_and_files_are_named():
+    with pytest.raises(ValueError, match=r"name must be one of the recorded recipes \[.*'translator'.*\], got str 'gpt9'"):
+        recipe_record("gpt9")
+    with pytest.raises(ValueError, match=r"file must be one of recipe 'translator''s checkpoints .*got str 'step7.pt'"):
+        recipe_checkpoint("translator", "step7.pt")
+
+
+def test_check_loss_prefix_names_the_first_step_that_differs():
+    record = {"history": {"loss": [2.0, 1.5, 1.25, 1.0]}}
+    assert check_loss_prefix([2.0, 1.5], record) == 0.0
+    float32 = torch.tensor([2.0, 1.5, 1.25], dtype=torch.float32).add(1e-6).tolist()     # float32 work is fine
+    assert 0 < check_loss_prefix(float32, record) < 1e-5
+    with pytest.raises(AssertionError, match=r"step 2: the live loss 1.600000 differs from the recorded 1.500000"):
+        check_loss_prefix([2.0, 1.6, 1.3], record)
+    with pytest.raises(AssertionError, match="step 1: the live loss nan"):
+        check_loss_prefix([float("nan")], record)
+    with pytest.raises(ValueError, match=r"losses must be a list of 1 to 4 losses"):
+        check_loss_prefix([1.0] * 5, record)
+    with pytest.raises(ValueError, match=r"losses must be a list"):
+        check_loss_prefix(torch.tensor([2.0]), record)
+    assert check_loss_prefix([2.0, 1.5], [2.0, 1.5, 1.0]) == 0.0             # a plain list of recorded losses
+    with pytest.raises(ValueError, match="record must be a recipe_record or a list of losses"):
+        check_loss_prefix([2.0], 2.0)
+    with pytest.raises(ValueError, match="rtol"):
+        check_loss_prefix([2.0], record, rtol=0.0)
+
+
+def test_train_translator_stops_after_the_first_steps_of_the_full_schedule(tmp_path):
+    from transformer_lib.data import CharTokenizer, number_pairs
+    from transformer_lib.model import TransformerConfig
+    from transformer_lib.training import train_translator
+
+    pairs = number_pairs(range(100, 140))
+    tok = CharTokenizer.from_texts([t for p in pairs for t in p])
+    config = TransformerConfig(len(tok), len(tok), d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1,
+                               num_decoder_layers=1, dropout=0.0, pad_id=tok.pad_id)
+    _, full = train_translator(config, tok, pairs, 6, batch_size=8, save_every=3, save_dir=tmp_path)
+    _, first = train_translator(config, tok, pairs, 6, batch_size=8, stop_after=4)
+    assert first["loss"] == full["loss"][:4]                 # the schedule of 6 steps, stopped after 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step3.pt", "step6.pt"]
+    with pytest.raises(ValueError, match="stop_after must be <= steps=6, got 7"):
+        train_translator(config, tok, pairs, 6, stop_after=7)
+    with pytest.raises(ValueError, match="save_dir must be an existing folder when save_every is given"):
+        train_translator(config, tok, pairs, 6, save_every=2, save_dir=tmp_path / "nowhere")
