@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import math
 import os
 import platform
 import shutil
@@ -59,7 +60,7 @@ def translator_setup() -> dict:
         training_numbers,
     )
     from transformer_lib.model import TransformerConfig
-    from transformer_lib.training import LabelSmoothingLoss, evaluate_loss
+    from transformer_lib.training import LabelSmoothingLoss, data_sha256, evaluate_loss
 
     steps, batch, lr, slice_ = 2000, 32, 2e-3, 200
     pool, valid_numbers, _ = split_numbers(1_000_000, 500, 2_000, seed=0)
@@ -73,7 +74,9 @@ def translator_setup() -> dict:
                                                                             250, shuffle=False),
                               collate_fn=lambda b: collate(b, pad_id=tokenizer.pad_id))
     loss_fn = LabelSmoothingLoss(0.1, tokenizer.pad_id)
-    return {"config": config, "tokenizer": tokenizer, "train_pairs": train_pairs, "valid_pairs": valid_pairs,
+    return {"config": config, "tokenizer": tokenizer, "train_pairs": train_pairs,
+            "data": {"train_pairs_sha256": data_sha256(train_pairs), "valid_pairs_sha256": data_sha256(valid_pairs),
+                     "chars": tokenizer.chars},
             "args": {"steps": steps, "batch_size": batch, "lr": lr, "seed": 0, "eval_every": slice_,
                      "save_every": slice_},
             "evaluate": lambda m: evaluate_loss(m, valid_loader, loss_fn)}
@@ -93,7 +96,7 @@ def translator(out: str, device: str) -> dict:
     """Chapter 8: the English -> German number translator (2,000 steps of 32 numbers, one epoch), its early
     checkpoint (step 800) and the last five of every 200 steps (averaged in the chapter)."""
     from transformer_lib.data import TranslationDataset
-    from transformer_lib.training import data_sha256, train_translator
+    from transformer_lib.training import train_translator
 
     s = translator_setup()
     config, tokenizer, train_pairs, args = s["config"], s["tokenizer"], s["train_pairs"], s["args"]
@@ -109,12 +112,86 @@ def translator(out: str, device: str) -> dict:
     steps = args["steps"]
     return {"chapter": "08_training", "function": "transformer_lib.training.train_translator",
             "args": {"config": dataclasses.asdict(config), **args},
-            "data": {"train_pairs_sha256": data_sha256(train_pairs), "valid_pairs_sha256": data_sha256(s["valid_pairs"]),
-                     "chars": tokenizer.chars},
-            "seed": args["seed"], "steps": steps, "examples_seen": steps * args["batch_size"],
+            "data": s["data"], "seed": args["seed"], "steps": steps, "examples_seen": steps * args["batch_size"],
             "tokens_seen": sum(len(src) + len(tgt) - 1 for src, tgt in train_set),   # one epoch, no padding
             "seconds": seconds, "history": {k: history[k] for k in ("loss", "eval_step", "eval")},
             "final": f"step{steps}.pt", "files": {f"step{step}.pt": {"step": step} for step in keep}}
+
+
+@functools.cache
+def gpt_setup() -> dict:
+    """Chapter 11's data (the standard library's modules, split by file, as BPE ids), configuration and the
+    arguments of fit (the chapter's VOCAB, CONTEXT, STEPS, BATCH, WIDTH, LAYERS, HEADS), built with the chapter's
+    own functions."""
+    from transformer_lib.gpt import (
+        HELDOUT_MODULES,
+        TRAIN_MODULES,
+        GPTConfig,
+        encode_modules,
+        sequence_nll,
+        stdlib_sources,
+        train_bpe,
+    )
+    from transformer_lib.training import data_sha256
+
+    vocab, context, steps, batch, width, layers, heads = 1024, 128, 2000, 8, 128, 4, 4
+    train_sources, heldout_texts = stdlib_sources(TRAIN_MODULES), list(stdlib_sources(HELDOUT_MODULES).values())
+    bpe = train_bpe(train_sources.values(), vocab)
+    train_ids, heldout_ids = encode_modules(bpe, train_sources.values()), encode_modules(bpe, heldout_texts)
+    heldout_bytes = sum(len(t.encode()) for t in heldout_texts)
+    config = GPTConfig(vocab_size=vocab, max_len=context, d_model=width, num_layers=layers, num_heads=heads,
+                       d_ff=4 * width, dropout=0.0)
+    return {"config": config, "train_ids": train_ids, "heldout_ids": heldout_ids, "context": context,
+            "data": {"train_ids_sha256": data_sha256(train_ids.tolist()),
+                     "heldout_ids_sha256": data_sha256(heldout_ids.tolist())},
+            "args": {"steps": steps, "batch_size": batch, "lr": 3e-3, "warmup_steps": steps // 20,
+                     "weight_decay": 0.1, "betas": [0.9, 0.95], "clip_norm": 1.0, "eval_every": steps // 5,
+                     "seed": 0},
+            "evaluate": lambda m: sequence_nll(m, heldout_ids, context) / math.log(2) / heldout_bytes}
+
+
+def gpt_fit(s: dict, device: str = "cpu", stop_after: int | None = None, evaluate=None):
+    """Chapter 11's training run: seed 0, a fresh GPT, fit() on random windows of the training ids."""
+    from transformer_lib.classifier import fit
+    from transformer_lib.gpt import GPT, lm_loss, random_windows
+    from transformer_lib.utils import seed_everything
+
+    a = s["args"]
+    seed_everything(a["seed"])
+    model = GPT(s["config"]).to(device)
+    history = fit(model, lm_loss, random_windows(s["train_ids"], s["context"], batch_size=a["batch_size"]),
+                  steps=a["steps"], lr=a["lr"], warmup_steps=a["warmup_steps"], weight_decay=a["weight_decay"],
+                  betas=tuple(a["betas"]), clip_norm=a["clip_norm"], evaluate=evaluate, eval_every=a["eval_every"],
+                  progress=False, stop_after=stop_after)
+    return model, history
+
+
+def gpt_first_steps(k: int) -> list:
+    """The losses of the gpt recipe's first k steps (what the chapter and tests/ compare with the record)."""
+    return gpt_fit(gpt_setup(), stop_after=k)[1]["loss"]
+
+
+@recipe
+def gpt(out: str, device: str) -> dict:
+    """Chapter 11: the GPT that writes Python (0.94M parameters, 2,000 steps of 8 windows of 128 BPE tokens)."""
+    from transformer_lib.training import save_checkpoint
+
+    s = gpt_setup()
+    start = time.perf_counter()
+    model, history = gpt_fit(s, device, evaluate=s["evaluate"])
+    seconds = time.perf_counter() - start
+    steps = s["args"]["steps"]
+    save_checkpoint(os.path.join(out, "final.pt"), model.cpu(), step=steps)
+    return {"chapter": "11_decoder_only", "function": "transformer_lib.classifier.fit",
+            "args": {"config": dataclasses.asdict(s["config"]), **s["args"]},
+            "data": s["data"], "seed": s["args"]["seed"], "steps": steps, "examples_seen": steps * s["args"]["batch_size"],
+            "tokens_seen": steps * s["args"]["batch_size"] * s["context"],
+            "seconds": seconds, "history": {k: history[k] for k in ("loss", "eval_step", "eval")},
+            "final": "final.pt", "files": {"final.pt": {"step": steps}}}
+
+
+SETUPS = {"translator": translator_setup, "gpt": gpt_setup}            # for tests/test_recipes.py
+FIRST_STEPS = {"translator": translator_first_steps, "gpt": gpt_first_steps}
 
 
 def run(name: str, root: str, device: str) -> dict:

@@ -65,18 +65,23 @@ def test_the_committed_checkpoints_stay_within_their_budget():
     assert total <= BUDGET, f"{total / 2**20:.1f} MiB of checkpoints, more than {BUDGET / 2**20:.0f} MiB"
 
 
-def test_the_translator_record_holds_the_recipes_current_arguments_and_data():
-    setup, r = recipes_script().translator_setup(), recipe_record("translator")
+@pytest.mark.parametrize("name", RECORDS)
+def test_the_record_holds_the_recipes_current_arguments_and_data(name):
+    setup, r = recipes_script().SETUPS[name](), recipe_record(name)
     assert r["args"] == {"config": dataclasses.asdict(setup["config"]), **setup["args"]}
-    assert r["data"]["train_pairs_sha256"] == data_sha256(setup["train_pairs"])
-    assert r["data"]["valid_pairs_sha256"] == data_sha256(setup["valid_pairs"])
-    assert r["data"]["chars"] == setup["tokenizer"].chars
+    assert r["data"] == setup["data"], "the recipe's data changed since it was trained: run `make recipes`"
 
 
-def test_the_translators_first_steps_reproduce_its_recorded_losses():
-    losses = recipes_script().translator_first_steps(20)
+@pytest.mark.parametrize("name", RECORDS)
+def test_the_first_steps_of_a_recipe_reproduce_its_recorded_losses(name):
+    losses = recipes_script().FIRST_STEPS[name](20)
     assert len(losses) == 20
-    assert check_loss_prefix(losses, recipe_record("translator"), rtol=1e-3) <= 1e-3
+    assert check_loss_prefix(losses, recipe_record(name), rtol=1e-3) <= 1e-3
+
+
+def test_the_data_hash_follows_the_data():
+    pairs = [("one", "eins"), ("two", "zwei")]
+    assert data_sha256(pairs) == data_sha256([list(p) for p in pairs]) != data_sha256(pairs[::-1])
 
 
 @pytest.fixture

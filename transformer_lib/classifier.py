@@ -194,11 +194,12 @@ def random_batches(*tensors, batch_size: int = 64, seed: int = 0, pad_id: int = 
 
 def fit(model, loss_fn, batches, steps: int, lr: float = 3e-3, warmup_steps: int | None = None,
         weight_decay: float = 0.01, betas=(0.9, 0.999), clip_norm: float | None = None, evaluate=None,
-        eval_every: int = 100, progress: bool = True) -> dict:
+        eval_every: int = 100, progress: bool = True, stop_after: int | None = None) -> dict:
     """Chapter 8's train() with the optimizer and schedule of Part III: AdamW (weight_decay on the weight
     matrices only, decay_groups) and a learning rate that rises linearly over warmup_steps (default 10 % of
     steps) and falls linearly to 0 at the last step. loss_fn(model, batch) -> scalar loss; batches: e.g.
-    random_batches(...). clip_norm, evaluate, eval_every, progress and the history returned: as in train()."""
+    random_batches(...). clip_norm, evaluate, eval_every, progress and the history returned: as in train().
+    stop_after: take only the first stop_after of the `steps` (the schedule stays that of `steps`)."""
     model_device(model)                              # a module with parameters
     check_int("steps", steps, 2)
     check_float("lr", lr, 0.0, math.inf, low_open=True, high_open=True)
@@ -206,9 +207,12 @@ def fit(model, loss_fn, batches, steps: int, lr: float = 3e-3, warmup_steps: int
         raise ValueError(f"betas must be a pair (beta1, beta2), each in [0, 1), got {describe(betas)}")
     betas = tuple(check_float("betas", b, 0.0, 1.0, high_open=True) for b in betas)
     warmup_steps = max(1, steps // 10) if warmup_steps is None else check_int("warmup_steps", warmup_steps)
+    last = steps if stop_after is None else check_int("stop_after", stop_after, 1)
+    if last > steps:
+        raise ValueError(f"stop_after must be <= steps={steps}, got {stop_after}")
     optimizer = torch.optim.AdamW(decay_groups(model, weight_decay), lr=lr, betas=betas)
     scheduler = warmup_linear_scheduler(optimizer, steps, warmup_steps)
-    return train(model, loss_fn, batches, optimizer, scheduler, steps, evaluate=evaluate, eval_every=eval_every,
+    return train(model, loss_fn, batches, optimizer, scheduler, last, evaluate=evaluate, eval_every=eval_every,
                  clip_norm=clip_norm, progress=progress)
 
 
