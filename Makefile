@@ -106,7 +106,7 @@ test-fast: venv
 # The oldest versions the package declares (pyproject.toml's `>=` floors, torch excepted: see CONTRIBUTING.md),
 # fully pinned in constraints-floor.txt, in their own virtualenv; the library tests only (no notebooks: their
 # stored outputs belong to the lock's versions; nor the maintainers' scripts of experiments/ and benchmarks/, which
-# run in .venv: the recipes' records hold the sha256 of data that the lock's num2words writes). `make lock-floor` regenerates constraints-floor.txt. uv installs exactly the packages the floor lock
+# run in .venv: tests/test_recipes.py imports experiments/recipes.py). `make lock-floor` regenerates constraints-floor.txt. uv installs exactly the packages the floor lock
 # pins and the package itself, without resolving (--no-deps; 4 s instead of pip's 39 s here): resolving, uv would not
 # see the torch that tools/torch_overlay.py links in and would install another torch from the registry (a CUDA
 # build). The lock check below says if the result differs from the lock; pip resolves instead if uv fails. The

@@ -1,11 +1,13 @@
 """Train the book's committed models: each recipe trains one chapter's model with the library's own code, keeps the
 checkpoints the chapter analyses in transformer_lib/checkpoints/<name>/ and writes its record <name>.json beside
-them (arguments, the data's sha256, seed, steps, examples and tokens seen, wall time, threads, machine, torch
-version, the whole loss history, each file's sha256).
+them (arguments, the whole call with its defaults, the optimizer's settings, the data's sha256, seed, steps,
+examples and tokens seen, wall time, threads, machine, versions and commit, the whole loss and learning-rate
+history, each file's sha256).
 
 The chapter re-runs the first steps live and asserts its losses equal the record's (check_loss_prefix), then loads
 the files (recipe_checkpoint checks each sha256). Run on one CPU thread (`make recipes`), a recipe reproduces its
-files bit for bit on the machine that wrote them; elsewhere its loss prefix, to the chapter's tolerance.
+files bit for bit on the machine that wrote them (with one thread; more threads sum in another order); elsewhere
+its loss prefix, to the chapter's tolerance.
 
     python experiments/recipes.py translator [--device cuda] [--out DIR]
 """
@@ -76,7 +78,9 @@ def translator_setup() -> dict:
     loss_fn = LabelSmoothingLoss(0.1, tokenizer.pad_id)
     return {"config": config, "tokenizer": tokenizer, "train_pairs": train_pairs,
             "data": {"train_pairs_sha256": data_sha256(train_pairs), "valid_pairs_sha256": data_sha256(valid_pairs),
-                     "chars": tokenizer.chars},
+                     "chars": tokenizer.chars,
+                     "batch_order_sha256": data_sha256(list(LengthGroupedSampler(      # train_translator's sampler
+                         [(len(s), len(t)) for s, t in TranslationDataset(train_pairs, tokenizer)], batch, seed=0)))},
             "args": {"steps": steps, "batch_size": batch, "lr": lr, "seed": 0, "eval_every": slice_,
                      "save_every": slice_},
             "evaluate": lambda m: evaluate_loss(m, valid_loader, loss_fn)}
@@ -102,6 +106,9 @@ def translator(out: str, device: str) -> dict:
     config, tokenizer, train_pairs, args = s["config"], s["tokenizer"], s["train_pairs"], s["args"]
     keep = [800, 1200, 1400, 1600, 1800, 2000]
     with tempfile.TemporaryDirectory() as tmp:
+        call = call_arguments(train_translator, config, tokenizer, train_pairs, device=device, evaluate=s["evaluate"],
+                              save_dir=tmp, skip=("config", "tokenizer", "pairs", "evaluate", "save_dir", "device"),
+                              **args)
         start = time.perf_counter()
         _, history = train_translator(config, tokenizer, train_pairs, device=device, evaluate=s["evaluate"],
                                       save_dir=tmp, **args)
@@ -114,7 +121,8 @@ def translator(out: str, device: str) -> dict:
             "args": {"config": dataclasses.asdict(config), **args},
             "data": s["data"], "seed": args["seed"], "steps": steps, "examples_seen": steps * args["batch_size"],
             "tokens_seen": sum(len(src) + len(tgt) - 1 for src, tgt in train_set),   # one epoch, no padding
-            "seconds": seconds, "history": {k: history[k] for k in ("loss", "eval_step", "eval")},
+            "seconds": seconds, "call": call, "optimizer": history["optimizer"],
+            "history": {k: history[k] for k in ("loss", "lr", "eval_step", "eval")},
             "final": f"step{steps}.pt", "files": {f"step{step}.pt": {"step": step} for step in keep}}
 
 
@@ -159,10 +167,13 @@ def gpt_fit(s: dict, device: str = "cpu", stop_after: int | None = None, evaluat
     a = s["args"]
     seed_everything(a["seed"])
     model = GPT(s["config"]).to(device)
-    history = fit(model, lm_loss, random_windows(s["train_ids"], s["context"], batch_size=a["batch_size"]),
-                  steps=a["steps"], lr=a["lr"], warmup_steps=a["warmup_steps"], weight_decay=a["weight_decay"],
+    kwargs = dict(steps=a["steps"], lr=a["lr"], warmup_steps=a["warmup_steps"], weight_decay=a["weight_decay"],
                   betas=tuple(a["betas"]), clip_norm=a["clip_norm"], evaluate=evaluate, eval_every=a["eval_every"],
                   progress=False, stop_after=stop_after)
+    batches = random_windows(s["train_ids"], s["context"], batch_size=a["batch_size"])
+    history = fit(model, lm_loss, batches, **kwargs)
+    history["call"] = call_arguments(fit, model, lm_loss, batches, skip=("model", "loss_fn", "batches", "evaluate"),
+                                     **kwargs)
     return model, history
 
 
@@ -186,7 +197,8 @@ def gpt(out: str, device: str) -> dict:
             "args": {"config": dataclasses.asdict(s["config"]), **s["args"]},
             "data": s["data"], "seed": s["args"]["seed"], "steps": steps, "examples_seen": steps * s["args"]["batch_size"],
             "tokens_seen": steps * s["args"]["batch_size"] * s["context"],
-            "seconds": seconds, "history": {k: history[k] for k in ("loss", "eval_step", "eval")},
+            "seconds": seconds, "call": history["call"], "optimizer": history["optimizer"],
+            "history": {k: history[k] for k in ("loss", "lr", "eval_step", "eval")},
             "final": "final.pt", "files": {"final.pt": {"step": steps}}}
 
 
@@ -194,9 +206,30 @@ SETUPS = {"translator": translator_setup, "gpt": gpt_setup}            # for tes
 FIRST_STEPS = {"translator": translator_first_steps, "gpt": gpt_first_steps}
 
 
+def environment() -> dict:
+    """What else decides the bits of a run: the code's commit, the versions of what the data and the arithmetic
+    come from, PyTorch's CPU kernels and the thread settings."""
+    import importlib.metadata as md
+    import subprocess
+
+    def version(name):
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return None
+
+    root = os.path.dirname(os.path.abspath(__file__))
+    git = lambda *a: subprocess.run(["git", *a], cwd=root, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "versions": {n: version(n) for n in ("transformer-textbook", "numpy", "num2words", "tokenizers")},
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")}}
+
+
 def run(name: str, root: str, device: str) -> dict:
-    """Train recipe `name`, write its files into root/<name>/ (replacing the old ones) and root/<name>.json."""
-    out = os.path.join(root, name)
+    """Train recipe `name` into a temporary folder beside root/<name>/, then replace root/<name>/ and
+    root/<name>.json with the new files: an interrupted run leaves the committed ones as they were."""
+    out, final = os.path.join(root, f".{name}.partial"), os.path.join(root, name)
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     record = {"recipe": name, "made_by": f"python experiments/recipes.py {name}" +
@@ -205,11 +238,32 @@ def run(name: str, root: str, device: str) -> dict:
         path = os.path.join(out, file)
         entry.update(bytes=os.path.getsize(path), sha256=file_sha256(path))
     record.update(device=device, threads=torch.get_num_threads(), machine=machine(device),
-                  torch=torch.__version__, python=platform.python_version())
-    with open(os.path.join(root, f"{name}.json"), "w", encoding="utf-8") as f:
+                  torch=torch.__version__, python=platform.python_version(), environment=environment())
+    with open(os.path.join(out, "record.json"), "w", encoding="utf-8") as f:
         json.dump(record, f, indent=1, ensure_ascii=False)
         f.write("\n")
+    os.replace(os.path.join(out, "record.json"), os.path.join(root, f"{name}.json.partial"))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(out, final)
+    os.replace(os.path.join(root, f"{name}.json.partial"), os.path.join(root, f"{name}.json"))
     return record
+
+
+def call_arguments(fn, *args, skip=(), **kwargs) -> dict:
+    """Every argument of the call fn(*args, **kwargs), defaults filled in (JSON values; tuples as lists), except
+    those named in skip (the model, the data, functions): what a record keeps of how the recipe called fn."""
+    import inspect
+
+    bound = inspect.signature(fn).bind(*args, **kwargs)
+    bound.apply_defaults()
+    out = {}
+    for k, v in bound.arguments.items():
+        if k in skip:
+            continue
+        if not (v is None or isinstance(v, (bool, int, float, str, tuple, list))):
+            raise ValueError(f"argument {k} = {v!r} of {fn.__name__} has no JSON form: add it to skip")
+        out[k] = list(v) if isinstance(v, tuple) else v
+    return out
 
 
 def make_parser() -> argparse.ArgumentParser:

@@ -360,7 +360,7 @@ def test_fit_reduces_the_loss_and_predict():
                                pooling="mean"))
     history = fit(model, classification_loss, random_batches(tokens, labels, batch_size=32, seed=0), steps=60,
                   lr=5e-3, progress=False)
-    assert set(history) == {"loss", "eval_step", "eval", "seconds", "stopped"} and history["seconds"] > 0
+    assert set(history) == {"loss", "lr", "eval_step", "eval", "seconds", "stopped", "optimizer"} and history["seconds"] > 0
     assert history["eval_step"] == history["eval"] == []                  # no evaluate given
     losses = history["loss"]
     assert len(losses) == 60 and all(isinstance(v, float) for v in losses)

@@ -121,7 +121,7 @@ def test_the_cli_works_after_a_plain_install_of_the_wheel(tmp_path):
     run = dict(cwd=tmp_path, env=clean_env(), capture_output=True, text=True)
     help_ = subprocess.run([python, "-m", "transformer_lib.train", "--help"], **run)
     assert help_.returncode == 0 and "--task" in help_.stdout, help_.stderr
-    # the same weights as a clone: the committed translator, its sha256 checked, loads and translates
+    # the same weights as a clone: the committed translator loads, its sha256 checked against its record
     load = ("from transformer_lib.training import load_recipe\n"
             "model, ckpt = load_recipe('translator')\n"
             "print(type(model).__name__, ckpt['step'], sum(p.numel() for p in model.parameters()))")

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from .attention import padding_mask
 from .encoder import Encoder
 from .positional import PositionalEncoding, TokenEmbedding
-from .training import decay_groups, inference, model_device, train, warmup_linear_scheduler
+from .training import (decay_groups, inference, model_device, optimizer_settings, train,
+                                      warmup_linear_scheduler)
 from .validation import check_config, check_float, check_int, check_tensor, checked, describe
 
 # %% ../chapters/10_encoder_only.ipynb #c008
@@ -199,7 +200,8 @@ def fit(model, loss_fn, batches, steps: int, lr: float = 3e-3, warmup_steps: int
     matrices only, decay_groups) and a learning rate that rises linearly over warmup_steps (default 10 % of
     steps) and falls linearly to 0 at the last step. loss_fn(model, batch) -> scalar loss; batches: e.g.
     random_batches(...). clip_norm, evaluate, eval_every, progress and the history returned: as in train().
-    stop_after: take only the first stop_after of the `steps` (the schedule stays that of `steps`)."""
+    stop_after: take only the first stop_after of the `steps` (the schedule stays that of `steps`). The history
+    also holds "optimizer": optimizer_settings(the AdamW), which a recipe's record keeps."""
     model_device(model)                              # a module with parameters
     check_int("steps", steps, 2)
     check_float("lr", lr, 0.0, math.inf, low_open=True, high_open=True)
@@ -212,8 +214,10 @@ def fit(model, loss_fn, batches, steps: int, lr: float = 3e-3, warmup_steps: int
         raise ValueError(f"stop_after must be <= steps={steps}, got {stop_after}")
     optimizer = torch.optim.AdamW(decay_groups(model, weight_decay), lr=lr, betas=betas)
     scheduler = warmup_linear_scheduler(optimizer, steps, warmup_steps)
-    return train(model, loss_fn, batches, optimizer, scheduler, last, evaluate=evaluate, eval_every=eval_every,
-                 clip_norm=clip_norm, progress=progress)
+    history = train(model, loss_fn, batches, optimizer, scheduler, last, evaluate=evaluate, eval_every=eval_every,
+                    clip_norm=clip_norm, progress=progress)
+    history["optimizer"] = optimizer_settings(optimizer)           # what a recipe's record keeps of it
+    return history
 
 
 def classification_loss(model, batch):

@@ -5,7 +5,8 @@ __all__ = ['CHECKSUM_KEY', 'LabelSmoothingLoss', 'smoothed_targets', 'noam_lr', 
            'noam_scheduler', 'warmup_linear_scheduler', 'TrainingDiverged', 'to_device', 'model_device', 'inference',
            'evaluate_loss', 'train', 'checkpoint_checksum', 'checkpoint_dict', 'save_checkpoint', 'read_checkpoint',
            'load_checkpoint', 'recipes_folder', 'recipe_record', 'data_sha256', 'file_sha256', 'recipe_checkpoint',
-           'load_recipe', 'check_loss_prefix', 'train_translator', 'load_results']
+           'load_recipe', 'optimizer_settings', 'scheduled_lrs', 'check_loss_prefix', 'train_translator',
+           'load_results']
 
 # %% ../chapters/08_training.ipynb #c004
 import contextlib
@@ -249,7 +250,8 @@ def train(model, loss_fn, batches, optimizer, scheduler=None, steps: int = 1, *,
     on_step(step, history) runs after every step; returning True stops the run there.
     The model trains in train mode and is left in the mode it was given (also when train raises). A loss that
     is not finite raises TrainingDiverged before its step is applied.
-    -> history {"loss": [per step], "eval_step": [...], "eval": [...], "seconds": float, "stopped": bool}"""
+    -> history {"loss": [per step], "lr": [the first group's learning rate of each step], "eval_step": [...],
+    "eval": [...], "seconds": float, "stopped": bool}"""
     from tqdm import tqdm   # imported here: the library itself needs only torch and numpy
 
     if not callable(loss_fn):
@@ -279,7 +281,7 @@ def train(model, loss_fn, batches, optimizer, scheduler=None, steps: int = 1, *,
     device = model_device(model)
     params = [p for p in model.parameters() if p.requires_grad]
     amp = contextlib.nullcontext() if autocast is None else torch.autocast(device.type, dtype=autocast)
-    history = {"loss": [], "eval_step": [], "eval": [], "seconds": 0.0, "stopped": False}
+    history = {"loss": [], "lr": [], "eval_step": [], "eval": [], "seconds": 0.0, "stopped": False}
     t0, smooth, was_training = time.perf_counter(), None, model.training
     bar = tqdm(range(start + 1, steps + 1), initial=start, total=steps, disable=not progress, mininterval=2.0)
     model.train()
@@ -310,6 +312,7 @@ def train(model, loss_fn, batches, optimizer, scheduler=None, steps: int = 1, *,
             else:
                 scaler.step(optimizer)                 # skipped if the gradients hold inf or nan ...
                 scaler.update()                        # ... and then the scale is lowered
+            history["lr"].append(optimizer.param_groups[0]["lr"])          # the rate this step used
             if scheduler is not None:
                 scheduler.step()
             history["loss"].append(value)
@@ -470,6 +473,9 @@ def recipe_record(name: str) -> dict:
     version, the full loss history and the sha256 of every checkpoint file it kept. <name>.json in
     recipes_folder(); the files themselves lie in the folder <name>/ beside it."""
     folder = recipes_folder()
+    if not folder.is_dir():
+        raise ValueError(f"this installation of transformer_lib has no checkpoints folder ({folder}): install the "
+                         f"book's release that ships the recipes' models, or run `make recipes` in a clone")
     available = sorted(f.name.removesuffix(".json") for f in folder.iterdir() if f.name.endswith(".json"))
     if name not in available:
         raise ValueError(f"name must be one of the recorded recipes {available}, got {describe(name)}")
@@ -513,23 +519,59 @@ def load_recipe(name: str, file: str | None = None, map_location="cpu"):
                            map_location)
 
 
+def optimizer_settings(optimizer) -> dict:
+    """What a record keeps of an optimizer, to compare a chapter's with a recipe's: its class, the defaults that
+    set its arithmetic (lr, betas, eps, weight_decay, amsgrad, momentum, ...; not how it is run: foreach, fused),
+    and each parameter group's size, weight decay and initial learning rate."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"optimizer must be a torch.optim.Optimizer, got {describe(optimizer)}")
+    return {"class": type(optimizer).__name__,                                  # JSON has lists, not tuples
+            "defaults": {k: list(v) if isinstance(v, tuple) else v for k, v in sorted(optimizer.defaults.items())
+                         if k in ("lr", "betas", "eps", "weight_decay", "amsgrad", "momentum", "dampening",
+                                  "nesterov", "maximize")},
+            "groups": [{"parameters": sum(p.numel() for p in g["params"]), "weight_decay": g.get("weight_decay"),
+                        "initial_lr": g.get("initial_lr", g["lr"])} for g in optimizer.param_groups]}
+
+
+def scheduled_lrs(scheduler, steps: int) -> list:
+    """The learning rate (of the first parameter group) that each of steps 1..steps will use under scheduler,
+    computed without stepping it: base_lr * lr_lambda(step - 1) for a LambdaLR (warmup_linear_scheduler,
+    noam_scheduler), else on a deep copy. Equal, float for float, to what train() records in history["lr"]."""
+    check_int("steps", steps, 1)
+    if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+        return [scheduler.base_lrs[0] * scheduler.lr_lambdas[0](step) for step in range(steps)]
+    if not isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
+        raise ValueError(f"scheduler must be a torch.optim.lr_scheduler, got {describe(scheduler)}")
+    import copy
+    import warnings
+    twin, lrs = copy.deepcopy(scheduler), []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)     # "optimizer.step() ... before lr_scheduler.step()"
+        for _ in range(steps):
+            lrs.append(twin.optimizer.param_groups[0]["lr"])
+            twin.step()
+    return lrs
+
+
 def check_loss_prefix(losses, record, rtol: float = 1e-3) -> float:
     """Assert that `losses`, the first K steps of a live run, equal the first K losses of the recorded run (a
     recipe_record, or a list of per-step losses) to a relative tolerance rtol: float32 sums differ in their last
     bits between CPUs, and the gap grows with training (experiments/README.md has it measured).
     -> the largest relative difference."""
     check_float("rtol", rtol, 0.0, 1.0, low_open=True)
-    recorded = record["history"]["loss"] if isinstance(record, dict) else record
-    if not isinstance(recorded, (list, tuple)):
-        raise ValueError(f"record must be a recipe_record or a list of losses, got {describe(record)}")
-    if not isinstance(losses, (list, tuple)) or not 1 <= len(losses) <= len(recorded):
-        raise ValueError(f"losses must be a list of 1 to {len(recorded)} losses (the recorded run's length), got "
-                         f"{describe(losses)}")
-    gaps = [abs(live - then) / abs(then) for live, then in zip(losses, recorded, strict=False)]
+    recorded = record.get("history", {}).get("loss") if isinstance(record, dict) else record
+    if not isinstance(recorded, (list, tuple)) or not all(isinstance(x, float) and x > 0 for x in recorded):
+        raise ValueError(f"record must be a recipe_record or a list of positive float losses, got {describe(record)}")
+    if (not isinstance(losses, (list, tuple)) or not 1 <= len(losses) <= len(recorded)
+            or not all(isinstance(x, float) for x in losses)):
+        raise ValueError(f"losses must be a list of 1 to {len(recorded)} float losses (the recorded run's length), "
+                         f"got {describe(losses)}")
+    gaps = [abs(live - then) / then for live, then in zip(losses, recorded, strict=False)]
     bad = [step for step, gap in enumerate(gaps, 1) if not gap <= rtol]       # a NaN is caught too
-    assert not bad, (f"step {bad[0]}: the live loss {losses[bad[0] - 1]:.6f} differs from the recorded "
-                     f"{recorded[bad[0] - 1]:.6f} by {gaps[bad[0] - 1]:.2e} (relative), more than rtol={rtol:g}: "
-                     f"this run is not the recipe's (other data, arguments or code)")
+    if bad:                                  # raised, not asserted: python -O must not turn the check off
+        raise AssertionError(f"step {bad[0]}: the live loss {losses[bad[0] - 1]:.6f} differs from the recorded "
+                             f"{recorded[bad[0] - 1]:.6f} by {gaps[bad[0] - 1]:.2e} (relative), more than "
+                             f"rtol={rtol:g}: this run is not the recipe's (other data, arguments or code)")
     return max(gaps)
 
 # %% ../chapters/08_training.ipynb #c08tt
@@ -544,7 +586,7 @@ def train_translator(config, tokenizer, pairs, steps: int, *, batch_size: int = 
     evaluate(model) -> float runs every eval_every steps (train()'s); save_every: save_checkpoint(save_dir /
     f"step{step}.pt", model, chars=tokenizer.chars, step=step) every save_every steps; stop_after: take only the
     first stop_after of the `steps` (the schedule stays that of `steps`: the first steps of the full run).
-    -> (the model in eval mode, train()'s history)"""
+    -> (the model in eval mode, train()'s history and "optimizer": optimizer_settings(the optimizer))"""
     if not isinstance(config, TransformerConfig):
         raise ValueError(f"config must be a TransformerConfig, got {describe(config)}")
     if not isinstance(pairs, (list, tuple)) or not pairs:
@@ -581,6 +623,7 @@ def train_translator(config, tokenizer, pairs, steps: int, *, batch_size: int = 
     history = train(model, lambda m, b: loss_fn(m(b.src, b.tgt_in, b.src_mask, b.tgt_mask), b.tgt_out), batches,
                     optimizer, scheduler, last, evaluate=evaluate, eval_every=eval_every, on_step=save,
                     progress=False)
+    history["optimizer"] = optimizer_settings(optimizer)             # what a recipe's record keeps of it
     return model.eval(), history
 
 
