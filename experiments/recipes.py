@@ -202,8 +202,79 @@ def gpt(out: str, device: str) -> dict:
             "final": "final.pt", "files": {"final.pt": {"step": steps}}}
 
 
-SETUPS = {"translator": translator_setup, "gpt": gpt_setup}            # for tests/test_recipes.py
-FIRST_STEPS = {"translator": translator_first_steps, "gpt": gpt_first_steps}
+@functools.cache
+def t5_setup() -> dict:
+    """Chapter 12's three number tasks (en-de, de-en, en-num on 1,000 numbers, 200 held out), the T5 configuration
+    and the arguments of fit (the chapter's T5_STEPS, T5_BATCH, T5_LR), built with the chapter's own functions."""
+    from transformer_lib.bert import IGNORE_INDEX
+    from transformer_lib.data import CharTokenizer, split_numbers
+    from transformer_lib.t5 import T5Config, encode_texts, number_tasks, t5_loss
+    from transformer_lib.training import data_sha256
+
+    train_numbers, _, test_numbers = split_numbers(1000, 0, 200, seed=0)
+    train_examples, test_examples = number_tasks(train_numbers), number_tasks(test_numbers)
+    tokenizer = CharTokenizer.from_texts([text for ex in train_examples + test_examples for text in ex[:2]])
+    encode = lambda examples, i, pad: encode_texts(tokenizer, [ex[i] for ex in examples], pad)  # noqa: E731
+    train_src, train_labels = encode(train_examples, 0, tokenizer.pad_id), encode(train_examples, 1, IGNORE_INDEX)
+    test_src, test_labels = encode(test_examples, 0, tokenizer.pad_id), encode(test_examples, 1, IGNORE_INDEX)
+    config = T5Config(vocab_size=len(tokenizer), d_model=64, num_heads=4, d_ff=256, num_layers=2,
+                      num_decoder_layers=2, num_buckets=16, max_distance=64, dropout=0.0,
+                      pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id)
+    return {"config": config, "train": (train_src, train_labels),
+            "data": {"train_src_sha256": data_sha256(train_src.tolist()),
+                     "train_labels_sha256": data_sha256(train_labels.tolist()), "chars": tokenizer.chars},
+            "args": {"steps": 2400, "batch_size": 32, "lr": 5e-3, "clip_norm": 1.0, "seed": 0},
+            "evaluate": lambda m: float(t5_loss(m, (test_src.to(next(m.parameters()).device),
+                                                    test_labels.to(next(m.parameters()).device))))}
+
+
+def t5_fit(s: dict, device: str = "cpu", stop_after: int | None = None, evaluate=None):
+    """Chapter 12's training run: seed 0, a fresh T5, fit() on random batches of the three tasks."""
+    from transformer_lib.classifier import fit, random_batches
+    from transformer_lib.t5 import T5, t5_loss
+    from transformer_lib.utils import seed_everything
+
+    a = s["args"]
+    seed_everything(a["seed"])
+    model = T5(s["config"]).to(device)
+    kwargs = dict(lr=a["lr"], clip_norm=a["clip_norm"], evaluate=evaluate, eval_every=a["steps"] // 4,
+                  progress=False, stop_after=stop_after)
+    batches = random_batches(*s["train"], batch_size=a["batch_size"])
+    history = fit(model, t5_loss, batches, a["steps"], **kwargs)
+    history["call"] = call_arguments(fit, model, t5_loss, batches, a["steps"],
+                                     skip=("model", "loss_fn", "batches", "evaluate"), **kwargs)
+    return model, history
+
+
+def t5_first_steps(k: int) -> list:
+    """The losses of the t5 recipe's first k steps."""
+    return t5_fit(t5_setup(), stop_after=k)[1]["loss"]
+
+
+@recipe
+def t5(out: str, device: str) -> dict:
+    """Chapter 12: one T5 (0.23M parameters) on three number tasks, 2,400 steps of 32 examples; its test
+    cross-entropy (the 600 held-out examples) every 600 steps."""
+    from transformer_lib.training import save_checkpoint
+
+    s = t5_setup()
+    start = time.perf_counter()
+    model, history = t5_fit(s, device, evaluate=s["evaluate"])
+    seconds = time.perf_counter() - start
+    steps, batch = s["args"]["steps"], s["args"]["batch_size"]
+    save_checkpoint(os.path.join(out, "final.pt"), model.cpu(), step=steps)
+    src, labels = s["train"]
+    return {"chapter": "12_t5_and_vit", "function": "transformer_lib.classifier.fit",
+            "args": {"config": dataclasses.asdict(s["config"]), **s["args"]}, "data": s["data"],
+            "seed": s["args"]["seed"], "steps": steps, "examples_seen": steps * batch,
+            "tokens_seen": steps * batch * (src.size(1) + labels.size(1)),       # padded lengths: an upper bound
+            "seconds": seconds, "call": history["call"], "optimizer": history["optimizer"],
+            "history": {k: history[k] for k in ("loss", "lr", "eval_step", "eval")},
+            "final": "final.pt", "files": {"final.pt": {"step": steps}}}
+
+
+SETUPS = {"translator": translator_setup, "gpt": gpt_setup, "t5": t5_setup}            # for tests/test_recipes.py
+FIRST_STEPS = {"translator": translator_first_steps, "gpt": gpt_first_steps, "t5": t5_first_steps}
 
 
 def environment() -> dict:
