@@ -273,8 +273,81 @@ def t5(out: str, device: str) -> dict:
             "final": "final.pt", "files": {"final.pt": {"step": steps}}}
 
 
-SETUPS = {"translator": translator_setup, "gpt": gpt_setup, "t5": t5_setup}            # for tests/test_recipes.py
-FIRST_STEPS = {"translator": translator_first_steps, "gpt": gpt_first_steps, "t5": t5_first_steps}
+@functools.cache
+def vit_setup() -> dict:
+    """Chapter 12.2's digits (scikit-learn's 1,797, split 80 / 20), the ViT configuration, the two baselines and
+    the arguments of fit (the chapter's VIT_STEPS and train_image_model)."""
+    from transformer_lib.training import data_sha256
+    from transformer_lib.vit import ViTConfig, digits_split
+
+    train_images, train_targets, test_images, test_targets = digits_split()
+
+    def evaluate(model):                    # test accuracy, the chapter's accuracy()
+        device = next(model.parameters()).device
+        return (model(test_images.to(device)).argmax(-1).cpu() == test_targets).float().mean().item()
+
+    return {"config": ViTConfig(patch_size=4), "train": (train_images, train_targets),
+            "data": {"train_images_sha256": data_sha256(train_images.flatten().tolist()),
+                     "train_targets_sha256": data_sha256(train_targets.tolist()),
+                     "test_targets_sha256": data_sha256(test_targets.tolist())},
+            "args": {"steps": 4000, "batch_size": 64, "max_shift": 1, "lr": 3e-3, "weight_decay": 0.05, "seed": 0},
+            "evaluate": evaluate}
+
+
+def vit_fit(s: dict, name: str = "ViT, patch 4", device: str = "cpu", stop_after=None, evaluate=None):
+    """The chapter's training of one image model: seed 0, the model, seed 0 again (train_image_model), fit()."""
+    from transformer_lib.classifier import classification_loss, fit
+    from transformer_lib.utils import seed_everything
+    from transformer_lib.vit import ViT, cnn_baseline, image_batches, mlp_baseline
+
+    a = s["args"]
+    seed_everything(a["seed"])
+    model = {"ViT, patch 4": lambda: ViT(s["config"]), "CNN": cnn_baseline, "MLP": mlp_baseline}[name]()
+    seed_everything(a["seed"])
+    kwargs = dict(lr=a["lr"], weight_decay=a["weight_decay"], evaluate=evaluate, eval_every=a["steps"] // 4,
+                  progress=False, stop_after=stop_after)
+    batches = image_batches(*s["train"], a["batch_size"], a["max_shift"], a["seed"])
+    history = fit(model.to(device), classification_loss, batches, a["steps"], **kwargs)
+    history["call"] = call_arguments(fit, model, classification_loss, batches, a["steps"],
+                                     skip=("model", "loss_fn", "batches", "evaluate"), **kwargs)
+    return model, history
+
+
+def vit_first_steps(k: int) -> list:
+    """The losses of the vit recipe's first k steps (the ViT's)."""
+    return vit_fit(vit_setup(), stop_after=k)[1]["loss"]
+
+
+@recipe
+def vit(out: str, device: str) -> dict:
+    """Chapter 12.2: the ViT (patches of 4 pixels, 0.14M parameters) and the two baselines it is measured against
+    (a small CNN, an MLP), 4,000 steps of 64 digits each; one file: the ViT, with the baselines' weights in it."""
+    from transformer_lib.training import save_checkpoint
+
+    s = vit_setup()
+    start = time.perf_counter()
+    models, histories = {}, {}
+    for name in ("ViT, patch 4", "CNN", "MLP"):
+        models[name], histories[name] = vit_fit(s, name, device, evaluate=s["evaluate"])
+    seconds = time.perf_counter() - start
+    steps, batch = s["args"]["steps"], s["args"]["batch_size"]
+    save_checkpoint(os.path.join(out, "final.pt"), models["ViT, patch 4"].cpu(), step=steps,
+                    cnn=models["CNN"].cpu().state_dict(), mlp=models["MLP"].cpu().state_dict())
+    h = histories["ViT, patch 4"]
+    return {"chapter": "12_t5_and_vit", "function": "transformer_lib.classifier.fit",
+            "args": {"config": dataclasses.asdict(s["config"]), **s["args"]}, "data": s["data"],
+            "seed": s["args"]["seed"], "steps": steps, "examples_seen": steps * batch, "tokens_seen": steps * batch * 5,
+            "seconds": seconds, "call": h["call"], "optimizer": h["optimizer"],
+            "history": {k: h[k] for k in ("loss", "lr", "eval_step", "eval")},
+            "baselines": {name: {k: histories[name][k] for k in ("loss", "eval_step", "eval")}
+                          for name in ("CNN", "MLP")},
+            "seconds_each": {name: histories[name]["seconds"] for name in histories},
+            "final": "final.pt", "files": {"final.pt": {"step": steps}}}
+
+
+SETUPS = {"translator": translator_setup, "gpt": gpt_setup, "t5": t5_setup, "vit": vit_setup}            # for tests/test_recipes.py
+FIRST_STEPS = {"translator": translator_first_steps, "gpt": gpt_first_steps, "t5": t5_first_steps,
+               "vit": vit_first_steps}
 
 
 def environment() -> dict:
