@@ -345,9 +345,109 @@ def vit(out: str, device: str) -> dict:
             "final": "final.pt", "files": {"final.pt": {"step": steps}}}
 
 
-SETUPS = {"translator": translator_setup, "gpt": gpt_setup, "t5": t5_setup, "vit": vit_setup}            # for tests/test_recipes.py
+VARIANT_NAMES = ("GPT-2 (learned positions)", "GPT-2 (sinusoidal positions)", "Llama (RoPE)")
+
+
+@functools.cache
+def variants_setup() -> dict:
+    """Chapter 14's comparison: Chapter 11's data (gpt_setup's ids), the three small decoders it builds
+    (gpt2_style("learned"), gpt2_style("sinusoidal"), llama_style()) and the arguments of fit, two seeds each."""
+    import torch.nn.functional as F
+
+    from transformer_lib.gpt import GPT, GPTConfig
+    from transformer_lib.llama import Llama, LlamaConfig
+    from transformer_lib.positional import sinusoidal_encoding
+
+    g = gpt_setup()
+    context, steps, width, layers, heads = 128, 250, 64, 2, 4
+
+    def gpt2_style(positions):
+        model = GPT(GPTConfig(vocab_size=1024, max_len=512, d_model=width, num_layers=layers, num_heads=heads,
+                              d_ff=4 * width, dropout=0.0))
+        if positions == "sinusoidal":
+            table = sinusoidal_encoding(512, width)
+            table *= 0.02 / table.pow(2).mean().sqrt()
+            model.position.weight = torch.nn.Parameter(table, requires_grad=False)
+        return model
+
+    def llama_style():
+        return Llama(LlamaConfig(vocab_size=1024, max_len=512, d_model=width, num_layers=layers, num_heads=heads,
+                                 num_kv_heads=heads, d_ff=172, tie_embeddings=True))
+
+    heldout = g["heldout_ids"]
+    windows = heldout[:len(heldout) // (context + 1) * (context + 1)].view(-1, context + 1)
+
+    def evaluate(model):                    # mean next-token loss (nats) over held-out windows of `context` tokens
+        device = next(model.parameters()).device
+        return torch.cat([F.cross_entropy(model(w[:, :-1].to(device)).transpose(1, 2), w[:, 1:].to(device),
+                                          reduction="none").flatten().cpu() for w in windows.split(64)]).mean().item()
+
+    builds = dict(zip(VARIANT_NAMES, (lambda: gpt2_style("learned"), lambda: gpt2_style("sinusoidal"), llama_style),
+                      strict=True))
+    return {"builds": builds, "train_ids": g["train_ids"], "data": g["data"],
+            "args": {"context": context, "steps": steps, "width": width, "layers": layers, "heads": heads,
+                     "batch_size": 16, "lr": 3e-3, "warmup_steps": steps // 20, "weight_decay": 0.1,
+                     "betas": [0.9, 0.95], "clip_norm": 1.0, "seeds": [0, 1]},
+            "evaluate": evaluate}
+
+
+def variants_fit(s: dict, name: str, seed: int, device: str = "cpu", stop_after=None, evaluate=None):
+    """One of Chapter 14's runs: seed, the variant, fit() on random windows of Chapter 11's training ids."""
+    from transformer_lib.classifier import fit
+    from transformer_lib.gpt import lm_loss, random_windows
+    from transformer_lib.utils import seed_everything
+
+    a = s["args"]
+    seed_everything(seed)
+    model = s["builds"][name]().to(device)
+    kwargs = dict(steps=a["steps"], lr=a["lr"], warmup_steps=a["warmup_steps"], weight_decay=a["weight_decay"],
+                  betas=tuple(a["betas"]), clip_norm=a["clip_norm"], evaluate=evaluate, eval_every=a["steps"],
+                  progress=False, stop_after=stop_after)
+    batches = random_windows(s["train_ids"], a["context"], batch_size=a["batch_size"], seed=seed)
+    history = fit(model, lm_loss, batches, **kwargs)
+    history["call"] = call_arguments(fit, model, lm_loss, batches, skip=("model", "loss_fn", "batches", "evaluate"),
+                                     **kwargs)
+    return model, history
+
+
+def variants_first_steps(k: int) -> list:
+    """The losses of the variants recipe's first k steps (the Llama, seed 0: the run its record keeps as history)."""
+    return variants_fit(variants_setup(), "Llama (RoPE)", 0, stop_after=k)[1]["loss"]
+
+
+@recipe
+def variants(out: str, device: str) -> dict:
+    """Chapter 14: GPT-2 with learned and with sinusoidal positions and a Llama (RoPE, RMSNorm, SwiGLU), 0.1M
+    parameters in the blocks each, 250 steps of 16 windows of 128 tokens, seeds 0 and 1; one file: the Llama of
+    seed 0 (the base of the chapter's LoRA) with the other five runs' weights as extra entries."""
+    from transformer_lib.training import save_checkpoint
+
+    s = variants_setup()
+    start = time.perf_counter()
+    models, runs = {}, {}
+    for name in VARIANT_NAMES:
+        for seed in s["args"]["seeds"]:
+            models[name, seed], h = variants_fit(s, name, seed, device, evaluate=s["evaluate"])
+            runs[f"{name}, seed {seed}"] = {k: h[k] for k in ("loss", "lr", "eval_step", "eval", "seconds")} | {
+                "config": dataclasses.asdict(models[name, seed].config), "optimizer": h["optimizer"]}
+            call = h["call"]
+    seconds = time.perf_counter() - start
+    base = models["Llama (RoPE)", 0]
+    extra = {f"{name}, seed {seed}": m.cpu().state_dict() for (name, seed), m in models.items() if m is not base}
+    a = s["args"]
+    save_checkpoint(os.path.join(out, "final.pt"), base.cpu(), step=a["steps"], **extra)
+    first = runs["Llama (RoPE), seed 0"]
+    return {"chapter": "14_modern_decoder", "function": "transformer_lib.classifier.fit", "args": a,
+            "data": s["data"], "seed": 0, "steps": a["steps"], "examples_seen": 6 * a["steps"] * a["batch_size"],
+            "tokens_seen": 6 * a["steps"] * a["batch_size"] * a["context"], "seconds": seconds, "call": call,
+            "optimizer": first["optimizer"], "history": {k: first[k] for k in ("loss", "lr", "eval_step", "eval")},
+            "runs": runs, "final": "final.pt", "files": {"final.pt": {"step": a["steps"]}}}
+
+
+SETUPS = {"translator": translator_setup, "gpt": gpt_setup, "t5": t5_setup, "vit": vit_setup,
+          "variants": variants_setup}            # for tests/test_recipes.py
 FIRST_STEPS = {"translator": translator_first_steps, "gpt": gpt_first_steps, "t5": t5_first_steps,
-               "vit": vit_first_steps}
+               "vit": vit_first_steps, "variants": variants_first_steps}
 
 
 def environment() -> dict:
