@@ -444,10 +444,151 @@ def variants(out: str, device: str) -> dict:
             "runs": runs, "final": "final.pt", "files": {"final.pt": {"step": a["steps"]}}}
 
 
+CLASSIFIER_RUNS = (("cls", True), ("cls", False), ("mean", True), ("max", True))
+
+
+@functools.cache
+def encoders_setup() -> dict:
+    """Chapter 10's data (the six classes of number sequences; unlabelled sequences for MLM; 60 labelled ones) and
+    the arguments of its three kinds of runs: supervised classifiers, MLM pre-training, fine-tuning on 60 labels."""
+    from transformer_lib.classifier import make_sequences
+    from transformer_lib.training import data_sha256
+
+    (X_train, y_train), (X_test, y_test) = make_sequences(6000, seed=1), make_sequences(300, seed=3)
+    X_unlabelled, _ = make_sequences(4000, seed=11)
+    X_few, y_few = make_sequences(10, seed=12)
+
+    def evaluate(model):                          # test accuracy of a classifier (its inputs as it reads them)
+        from transformer_lib.classifier import predict
+        x = X_test if type(model).__name__ == "SequenceClassifier" else with_cls(X_test)
+        return (predict(model, x) == y_test).float().mean().item()
+
+    return {"train": (X_train, y_train), "unlabelled": X_unlabelled, "few": (X_few, y_few), "evaluate": evaluate,
+            "data": {name: data_sha256(t.tolist()) for name, t in (("X_train", X_train), ("y_train", y_train),
+                     ("X_unlabelled", X_unlabelled), ("X_few", X_few), ("y_few", y_few), ("y_test", y_test))},
+            "args": {"classifier": {"steps": 600, "batch_size": 64, "lr": 5e-3},
+                     "mlm": {"steps": 500, "batch_size": 64, "lr": 3e-3, "d_model": 32, "num_layers": 2,
+                             "num_heads": 4, "d_ff": 64, "max_len": 33},
+                     "fine_tune": {"steps": 150, "batch_size": 32, "lr": 1e-3, "seeds": [0, 1, 2]}}}
+
+
+def with_cls(tokens):
+    """Chapter 10's with_cls: [CLS] in front of every sequence."""
+    from transformer_lib.classifier import CLS_ID
+    return torch.cat([torch.full_like(tokens[:, :1], CLS_ID), tokens], dim=1)
+
+
+def encoders_run(s: dict, kind: str, key=None, device: str = "cpu", stop_after=None, evaluate=None, mlm=None):
+    """One of Chapter 10's runs: kind "classifier" (key = (pooling, positional)), "mlm", or "fine_tune"
+    (key = (seed, pre-trained?); mlm: the pre-trained BertForMaskedLM). -> (model, history)"""
+    from transformer_lib.bert import (
+        BertClassifier,
+        BertConfig,
+        BertForMaskedLM,
+        mask_tokens,
+        token_cross_entropy,
+    )
+    from transformer_lib.classifier import (
+        CLASSES,
+        CLS_ID,
+        MASK_ID,
+        PAD_ID,
+        VOCAB_SIZE,
+        ClassifierConfig,
+        SequenceClassifier,
+        classification_loss,
+        fit,
+        random_batches,
+    )
+    from transformer_lib.utils import seed_everything
+
+    a = s["args"][kind]
+    common = dict(progress=False, stop_after=stop_after, evaluate=evaluate, eval_every=a["steps"])
+    if kind == "classifier":
+        pooling, positional = key
+        seed_everything(0)
+        model = SequenceClassifier(ClassifierConfig(VOCAB_SIZE, len(CLASSES), pooling=pooling, positional=positional,
+                                                    dropout=0.0)).to(device)
+        history = fit(model, classification_loss, random_batches(*s["train"], batch_size=a["batch_size"], seed=0),
+                      steps=a["steps"], lr=a["lr"], **common)
+    elif kind == "mlm":
+        tiny = BertConfig(VOCAB_SIZE, d_model=a["d_model"], num_layers=a["num_layers"], num_heads=a["num_heads"],
+                          d_ff=a["d_ff"], max_len=a["max_len"])
+        seed_everything(0)
+        model = BertForMaskedLM(tiny).to(device)
+        masking = torch.Generator().manual_seed(0)
+
+        def mlm_step(m, batch):
+            inputs, labels = mask_tokens(batch[0], MASK_ID, VOCAB_SIZE, special_ids=(PAD_ID, CLS_ID),
+                                         generator=masking)
+            return token_cross_entropy(m(inputs), labels)
+
+        history = fit(model, mlm_step, random_batches(with_cls(s["unlabelled"]), batch_size=a["batch_size"]),
+                      steps=a["steps"], lr=a["lr"], **common)
+    else:
+        seed, pretrained = key
+        seed_everything(seed)
+        model = BertClassifier(mlm.config, len(CLASSES)).to(device)
+        if pretrained:
+            model.bert.load_state_dict(mlm.bert.state_dict(), strict=False)      # all but the pooler
+        X_few, y_few = s["few"]
+        history = fit(model, classification_loss, random_batches(with_cls(X_few), y_few, batch_size=a["batch_size"],
+                                                                 seed=seed), steps=a["steps"], lr=a["lr"], **common)
+    return model, history
+
+
+def encoders_first_steps(k: int) -> list:
+    """The losses of the encoders recipe's first k steps (the [CLS] classifier with positions)."""
+    return encoders_run(encoders_setup(), "classifier", ("cls", True), stop_after=k)[1]["loss"]
+
+
+@recipe
+def encoders(out: str, device: str) -> dict:
+    """Chapter 10: four supervised classifiers ([CLS], mean and max pooling with positions, [CLS] without), a tiny
+    BERT pre-trained with MLM, and six fine-tunings on 60 labels (three seeds, from scratch and pre-trained); one
+    file: the [CLS] classifier with every other run's weights as extra entries."""
+    from transformer_lib.training import save_checkpoint
+
+    s = encoders_setup()
+    start = time.perf_counter()
+    models, runs = {}, {}
+
+    def keep(name, model, h):
+        models[name] = model
+        runs[name] = {k: h[k] for k in ("loss", "lr", "eval_step", "eval", "seconds")} | {
+            "config": dataclasses.asdict(model.config), "optimizer": h["optimizer"]}
+
+    for key in CLASSIFIER_RUNS:
+        keep(f"classifier {key[0]}, {'with' if key[1] else 'without'} PE", *encoders_run(s, "classifier", key, device,
+                                                                                        evaluate=s["evaluate"]))
+    mlm, h = encoders_run(s, "mlm", device=device)
+    keep("mlm", mlm, h)
+    for seed in s["args"]["fine_tune"]["seeds"]:
+        for pretrained in (False, True):
+            name = f"fine-tune {'pre-trained' if pretrained else 'from scratch'}, seed {seed}"
+            keep(name, *encoders_run(s, "fine_tune", (seed, pretrained), device, evaluate=s["evaluate"], mlm=mlm))
+    seconds = time.perf_counter() - start
+    first_name = "classifier cls, with PE"
+    extra = {name: m.cpu().state_dict() for name, m in models.items() if name != first_name}
+    save_checkpoint(os.path.join(out, "final.pt"), models[first_name].cpu(), step=s["args"]["classifier"]["steps"],
+                    **extra)
+    first = runs[first_name]
+    a = s["args"]
+    return {"chapter": "10_encoder_only", "function": "transformer_lib.classifier.fit", "args": a, "data": s["data"],
+            "seed": 0, "steps": a["classifier"]["steps"],
+            "examples_seen": 4 * 600 * 64 + 500 * 64 + 6 * 150 * 32,
+            "tokens_seen": 4 * 600 * 64 * 32 + 500 * 64 * 33 + 6 * 150 * 32 * 33,   # padded lengths: an upper bound
+            "seconds": seconds,
+            "call": {"note": "three kinds of fit calls: see args"}, "optimizer": first["optimizer"],
+            "history": {k: first[k] for k in ("loss", "lr", "eval_step", "eval")}, "runs": runs,
+            "final": "final.pt", "files": {"final.pt": {"step": a["classifier"]["steps"]}}}
+
+
 SETUPS = {"translator": translator_setup, "gpt": gpt_setup, "t5": t5_setup, "vit": vit_setup,
-          "variants": variants_setup}            # for tests/test_recipes.py
+          "variants": variants_setup, "encoders": encoders_setup}            # for tests/test_recipes.py
 FIRST_STEPS = {"translator": translator_first_steps, "gpt": gpt_first_steps, "t5": t5_first_steps,
-               "vit": vit_first_steps, "variants": variants_first_steps}
+               "vit": vit_first_steps, "variants": variants_first_steps,
+               "encoders": encoders_first_steps}
 
 
 def environment() -> dict:
