@@ -9,7 +9,7 @@ the files (recipe_checkpoint checks each sha256). Run on one CPU thread (`make r
 files bit for bit on the machine that wrote them (with one thread; more threads sum in another order); elsewhere
 its loss prefix, to the chapter's tolerance.
 
-    python experiments/recipes.py translator [--device cuda] [--out DIR]
+    python experiments/recipes.py [NAME ...] [--device cuda] [--out DIR]     (default: every recipe)
 """
 
 import argparse
@@ -584,11 +584,161 @@ def encoders(out: str, device: str) -> dict:
             "final": "final.pt", "files": {"final.pt": {"step": a["classifier"]["steps"]}}}
 
 
-SETUPS = {"translator": translator_setup, "gpt": gpt_setup, "t5": t5_setup, "vit": vit_setup,
-          "variants": variants_setup, "encoders": encoders_setup}            # for tests/test_recipes.py
+def count_tokens(model, count) -> list:
+    """A forward pre-hook on model that adds count(inputs) to the list it returns on every call in training mode
+    (the tokens a recipe trains on, where they are made inside the training function); the arithmetic is not
+    touched."""
+    seen = []
+    model.register_forward_pre_hook(lambda m, inputs: seen.append(int(count(*inputs))) if m.training else None)
+    return seen
+
+
+@functools.cache
+def reader_setup() -> dict:
+    """Chapter 15's question-answering reader (section 15.5): the chapter's 1,000 one-fact and 1,000 two-fact
+    test stories (random.Random(1234)), which train_qa never trains on, the BertForQuestionAnswering
+    configuration and train_qa's arguments; evaluate: the loss of the answer's position on the one-fact test
+    stories."""
+    import random
+
+    from transformer_lib.applications import VOCAB, make_story, qa_batch, qa_loss
+    from transformer_lib.bert import BertConfig
+    from transformer_lib.training import data_sha256, inference, model_device, to_device
+
+    test_rng = random.Random(1234)
+    tests = {kind: [make_story(test_rng, question=kind) for _ in range(1000)] for kind in ("person", "object")}
+    held_out = {(tuple(map(tuple, s)), tuple(q)) for data in tests.values() for s, q, _ in data}
+    config = BertConfig(vocab_size=len(VOCAB), d_model=64, num_layers=2, num_heads=4, d_ff=256, max_len=80,
+                        dropout=0.0, type_vocab_size=12, init_std=0.2)
+    batch = qa_batch(tests["person"])
+    return {"config": config, "tests": tests, "held_out": held_out,
+            "data": {"test_stories_sha256": data_sha256(tests), "vocab": list(VOCAB)},
+            "args": {"steps": 3000, "short_steps": 800, "batch_size": 32, "lr": 1e-3, "two_fact": 0.0, "seed": 0,
+                     "sentence_segments": True, "eval_every": 500},
+            "evaluate": inference(lambda m: qa_loss(m, to_device(batch, model_device(m))).item())}
+
+
+def reader_train(s: dict, device: str = "cpu", stop_after: int | None = None, evaluate=None):
+    """Chapter 15's training cell: seed_everything(seed), a fresh BertForQuestionAnswering, train_qa."""
+    from transformer_lib.applications import ID, train_qa
+    from transformer_lib.bert import BertForQuestionAnswering
+    from transformer_lib.utils import seed_everything
+
+    a = s["args"]
+    seed_everything(a["seed"])
+    model = BertForQuestionAnswering(s["config"]).to(device)
+    tokens = count_tokens(model, lambda ids, segments: (ids != ID["[PAD]"]).sum())
+    kwargs = dict(a, exclude=s["held_out"], evaluate=evaluate, stop_after=stop_after)
+    history = train_qa(model, **kwargs)
+    history["call"] = call_arguments(train_qa, model, skip=("model", "exclude", "evaluate"), **kwargs)
+    history["tokens_seen"] = sum(tokens)
+    return model, history
+
+
+def reader_first_steps(k: int) -> list:
+    """The losses of the reader recipe's first k steps (what the chapter and tests/ compare with the record)."""
+    return reader_train(reader_setup(), stop_after=k)[1]["loss"]
+
+
+@recipe
+def reader(out: str, device: str) -> dict:
+    """Chapter 15: the question-answering reader (BertForQuestionAnswering, d_model 64, 2 layers; 3,000 steps of
+    32 fresh one-fact stories, the first 800 on 2-4 sentences)."""
+    from transformer_lib.training import save_checkpoint
+
+    s = reader_setup()
+    start = time.perf_counter()
+    model, history = reader_train(s, device, evaluate=s["evaluate"])
+    seconds = time.perf_counter() - start
+    steps = s["args"]["steps"]
+    save_checkpoint(os.path.join(out, "final.pt"), model.cpu(), step=steps)
+    return {"chapter": "15_applications", "function": "transformer_lib.applications.train_qa",
+            "args": {"config": dataclasses.asdict(s["config"]), **s["args"]},
+            "data": s["data"], "seed": s["args"]["seed"], "steps": steps,
+            "examples_seen": steps * s["args"]["batch_size"], "tokens_seen": history["tokens_seen"],
+            "seconds": seconds, "call": history["call"], "optimizer": history["optimizer"],
+            "history": {k: history[k] for k in ("loss", "lr", "eval_step", "eval")},
+            "final": "final.pt", "files": {"final.pt": {"step": steps}}}
+
+
+@functools.cache
+def writer_setup() -> dict:
+    """Chapter 15's summarizer (section 15.6): the chapter's 500 test stories (random.Random(1_000_000)), which
+    train_summarizer never trains on, the T5 configuration and train_summarizer's arguments; evaluate: the
+    teacher-forced loss of the reference summaries of the test stories."""
+    import random
+
+    from transformer_lib.applications import (
+        SUMMARY_ID,
+        SUMMARY_VOCAB,
+        summary_batch,
+        summary_example,
+        summary_loss,
+    )
+    from transformer_lib.t5 import T5Config
+    from transformer_lib.training import data_sha256, inference, model_device, to_device
+
+    test_rng = random.Random(1_000_000)
+    tests = [summary_example(test_rng) for _ in range(500)]
+    config = T5Config(vocab_size=len(SUMMARY_VOCAB), d_model=32, num_heads=4, d_ff=128, num_layers=2,
+                      num_decoder_layers=2, dropout=0.0, pad_id=0, eos_id=SUMMARY_ID["[SEP]"])
+    batch = summary_batch(tests)
+    return {"config": config, "tests": tests, "held_out": {tuple(story) for story, _, _ in tests},
+            "data": {"test_stories_sha256": data_sha256(tests), "vocab": list(SUMMARY_VOCAB)},
+            "args": {"steps": 1000, "batch_size": 32, "lr": 1e-2, "warmup_steps": 100, "seed": 0,
+                     "eval_every": 200},
+            "evaluate": inference(lambda m: summary_loss(m, to_device(batch, model_device(m))).item())}
+
+
+def writer_train(s: dict, device: str = "cpu", stop_after: int | None = None, evaluate=None):
+    """Chapter 15's summarization cell: seed_everything(seed), a fresh T5, train_summarizer."""
+    from transformer_lib.applications import train_summarizer
+    from transformer_lib.t5 import T5
+    from transformer_lib.utils import seed_everything
+
+    a = s["args"]
+    seed_everything(a["seed"])
+    model = T5(s["config"]).to(device)
+    # the story's tokens and the decoder's (its start token has the id of [PAD], 0)
+    tokens = count_tokens(model, lambda src, tgt_in: (src != 0).sum() + (tgt_in != 0).sum() + len(tgt_in))
+    kwargs = dict(a, exclude=s["held_out"], evaluate=evaluate, stop_after=stop_after)
+    history = train_summarizer(model, **kwargs)
+    history["call"] = call_arguments(train_summarizer, model, skip=("model", "exclude", "evaluate"), **kwargs)
+    history["tokens_seen"] = sum(tokens)
+    return model, history
+
+
+def writer_first_steps(k: int) -> list:
+    """The losses of the writer recipe's first k steps (what the chapter and tests/ compare with the record)."""
+    return writer_train(writer_setup(), stop_after=k)[1]["loss"]
+
+
+@recipe
+def writer(out: str, device: str) -> dict:
+    """Chapter 15: the summarizer (T5, d_model 32, 2 + 2 layers; 1,000 steps of 32 fresh stories) that writes a
+    story's final state."""
+    from transformer_lib.training import save_checkpoint
+
+    s = writer_setup()
+    start = time.perf_counter()
+    model, history = writer_train(s, device, evaluate=s["evaluate"])
+    seconds = time.perf_counter() - start
+    steps = s["args"]["steps"]
+    save_checkpoint(os.path.join(out, "final.pt"), model.cpu(), step=steps)
+    return {"chapter": "15_applications", "function": "transformer_lib.applications.train_summarizer",
+            "args": {"config": dataclasses.asdict(s["config"]), **s["args"]},
+            "data": s["data"], "seed": s["args"]["seed"], "steps": steps,
+            "examples_seen": steps * s["args"]["batch_size"], "tokens_seen": history["tokens_seen"],
+            "seconds": seconds, "call": history["call"], "optimizer": history["optimizer"],
+            "history": {k: history[k] for k in ("loss", "lr", "eval_step", "eval")},
+            "final": "final.pt", "files": {"final.pt": {"step": steps}}}
+
+
+SETUPS = {"translator": translator_setup, "gpt": gpt_setup, "t5": t5_setup, "vit": vit_setup,   # tests/test_recipes.py
+          "variants": variants_setup, "encoders": encoders_setup, "reader": reader_setup, "writer": writer_setup}
 FIRST_STEPS = {"translator": translator_first_steps, "gpt": gpt_first_steps, "t5": t5_first_steps,
-               "vit": vit_first_steps, "variants": variants_first_steps,
-               "encoders": encoders_first_steps}
+               "vit": vit_first_steps, "variants": variants_first_steps, "encoders": encoders_first_steps,
+               "reader": reader_first_steps, "writer": writer_first_steps}
 
 
 def environment() -> dict:

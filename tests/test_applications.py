@@ -24,8 +24,10 @@ from transformer_lib.applications import (
     start_scores,
     summary_batch,
     summary_example,
+    summary_loss,
     tell_story,
     train_qa,
+    train_summarizer,
 )
 from transformer_lib.bert import IGNORE_INDEX, BertConfig, BertForQuestionAnswering
 
@@ -134,7 +136,7 @@ def test_train_qa_lowers_the_loss_and_refuses_bad_arguments():
     torch.manual_seed(0)
     model = BertForQuestionAnswering(BertConfig(vocab_size=len(VOCAB), d_model=32, num_layers=1, num_heads=2,
                                                 d_ff=64, max_len=80, dropout=0.0, type_vocab_size=12, init_std=0.2))
-    losses = train_qa(model, steps=80, short_steps=80, batch_size=16, lr=3e-3)
+    losses = train_qa(model, steps=80, short_steps=80, batch_size=16, lr=3e-3)["loss"]
     assert len(losses) == 80 and all(torch.isfinite(torch.tensor(losses)))
     assert sum(losses[-10:]) < 0.8 * sum(losses[:10])
     with pytest.raises(ValueError, match="steps must be an int >= 2"):
@@ -164,6 +166,47 @@ def test_train_qa_never_trains_on_an_excluded_story(monkeypatch):
     seen.clear()
     app.train_qa(model, steps=20, short_steps=20, batch_size=32)
     assert keys & set(seen)                       # without `exclude` short stories do repeat: the test can fail
+
+
+def test_train_qa_stops_after_the_first_steps_of_the_full_run():
+    def run(**kwargs):
+        torch.manual_seed(0)
+        model = BertForQuestionAnswering(BertConfig(vocab_size=len(VOCAB), d_model=16, num_layers=1, num_heads=2,
+                                                    d_ff=32, max_len=80, dropout=0.0, type_vocab_size=12))
+        return train_qa(model, steps=10, short_steps=4, batch_size=4, **kwargs)
+
+    full, first = run(evaluate=lambda m: 1.5, eval_every=5), run(stop_after=6)
+    assert first["loss"] == full["loss"][:6] and first["lr"] == full["lr"][:6]    # the schedule of 10 steps
+    assert full["lr"][-1] < full["lr"][0] == 1e-3 and full["eval_step"] == [5, 10] and full["eval"] == [1.5, 1.5]
+    assert first["optimizer"] == full["optimizer"] and first["optimizer"]["class"] == "AdamW"
+    with pytest.raises(ValueError, match="stop_after must be <= steps=10, got 11"):
+        run(stop_after=11)
+
+
+def test_train_summarizer_learns_stops_after_its_first_steps_and_never_sees_an_excluded_story(monkeypatch):
+    import transformer_lib.applications as app
+    from transformer_lib.t5 import T5, T5Config
+
+    def run(**kwargs):
+        torch.manual_seed(0)
+        model = T5(T5Config(vocab_size=len(app.SUMMARY_VOCAB), d_model=16, num_heads=2, d_ff=32, num_layers=1,
+                            num_decoder_layers=1, dropout=0.0, pad_id=0, eos_id=SUMMARY_ID["[SEP]"]))
+        return model, train_summarizer(model, steps=30, batch_size=8, warmup_steps=3, **kwargs)
+
+    model, full = run()
+    assert len(full["loss"]) == 30 and sum(full["loss"][-5:]) < 0.8 * sum(full["loss"][:5])
+    assert full["optimizer"]["class"] == "AdamW" and {g["weight_decay"] for g in full["optimizer"]["groups"]} == {0.0}
+    assert run(stop_after=4)[1]["loss"] == full["loss"][:4]
+    batch = summary_batch([summary_example(random.Random(3)) for _ in range(4)])
+    assert summary_loss(model, batch).ndim == 0
+    excluded = {tuple(summary_example(random.Random(0))[0])}     # the first story of the stream of seed 0
+    seen, real = [], app.summary_batch
+    monkeypatch.setattr(app, "summary_batch", lambda ex: seen.extend(tuple(e[0]) for e in ex) or real(ex))
+    train_summarizer(model, steps=2, batch_size=8, warmup_steps=1, exclude=excluded)
+    assert len(seen) == 16 and not excluded & set(seen)
+    seen.clear()
+    train_summarizer(model, steps=2, batch_size=8, warmup_steps=1)
+    assert excluded & set(seen)
 
 
 def test_final_state_and_summary_batch():

@@ -291,8 +291,8 @@ def test_train_qa_and_predict_answers_leave_the_mode_they_found():
     torch.manual_seed(0)
     model = BertForQuestionAnswering(BertConfig(vocab_size=len(VOCAB), d_model=16, num_layers=1, num_heads=2,
                                                 d_ff=32, max_len=80, type_vocab_size=12)).eval()
-    losses = train_qa(model, steps=4, short_steps=2, batch_size=4)
-    assert len(losses) == 4 and not model.training
+    history = train_qa(model, steps=4, short_steps=2, batch_size=4)
+    assert len(history["loss"]) == 4 and not model.training
     import random
     stories = [make_story(random.Random(1)) for _ in range(3)]
     predict_answers(model.train(), stories)

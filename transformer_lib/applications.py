@@ -3,8 +3,8 @@
 # %% auto #0
 __all__ = ['PEOPLE', 'PLACES', 'OBJECTS', 'MOVES', 'TAKES', 'DROPS', 'SPECIALS', 'WORDS', 'VOCAB', 'ID', 'SUMMARY_VOCAB',
            'SUMMARY_ID', 'tell_story', 'make_story', 'last_place', 'nearest_place', 'encode', 'qa_batch',
-           'start_scores', 'predict_answers', 'exact_match', 'train_qa', 'final_state', 'summary_batch',
-           'summary_example']
+           'start_scores', 'predict_answers', 'exact_match', 'qa_loss', 'train_qa', 'final_state', 'summary_batch',
+           'summary_example', 'summary_loss', 'train_summarizer']
 
 # %% ../chapters/15_applications.ipynb #c003
 import random
@@ -13,7 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from .bert import IGNORE_INDEX
-from .training import inference, model_device, train
+from .classifier import fit
+from .t5 import shift_right
+from .training import inference, model_device, optimizer_settings, train
 from .validation import check_int, describe
 
 # %% ../chapters/15_applications.ipynb #c006
@@ -142,15 +144,28 @@ def exact_match(model, stories, sentence_segments: bool = True) -> float:
     return sum(x == s[a][w] for x, (s, _, (a, w)) in zip(said, stories, strict=True)) / len(stories)
 
 # %% ../chapters/15_applications.ipynb #c018
+def qa_loss(model, batch):
+    """Cross-entropy of the start scores against the answer's position: the reader's training loss, for train()
+    (batch = qa_batch(stories) = tokens, segments, answer positions)."""
+    tokens, segments, answers = batch
+    return F.cross_entropy(start_scores(model, tokens, segments), answers)
+
+
 def train_qa(model, steps: int = 3000, short_steps: int = 800, batch_size: int = 32, lr: float = 1e-3,
-             two_fact: float = 0.0, seed: int = 0, exclude=(), sentence_segments: bool = True):
+             two_fact: float = 0.0, seed: int = 0, exclude=(), sentence_segments: bool = True, *, evaluate=None,
+             eval_every: int = 250, stop_after: int | None = None) -> dict:
     """Train a BertForQuestionAnswering on fresh stories: the first short_steps on stories of 2-4 sentences (a
     curriculum), then 4-10; a share two_fact of "where is the <object> ?" questions; stories in `exclude` (a set
     of (sentences, question) as tuples) are never trained on. AdamW, lr constant then linear decay to 0 over the
     last 20 % of steps, through Chapter 8's train() (the model is left in the mode it was given).
-    Returns the list of losses."""
+    evaluate(model) -> float runs every eval_every steps (train()'s); stop_after: take only the first stop_after
+    of the `steps` (the schedule and the stories stay those of `steps`: the first steps of the full run).
+    -> train()'s history (its "loss" holds every step's loss) and "optimizer": optimizer_settings(the AdamW)"""
     check_int("steps", steps, 2)
     rng = random.Random(check_int("seed", seed, 0))
+    last = steps if stop_after is None else check_int("stop_after", stop_after, 1)
+    if last > steps:
+        raise ValueError(f"stop_after must be <= steps={steps}, got {stop_after}")
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     hold = int(0.8 * steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (steps - i) / (steps - hold)))
@@ -166,11 +181,10 @@ def train_qa(model, steps: int = 3000, short_steps: int = 800, batch_size: int =
         for step in range(steps):
             yield qa_batch([story(step) for _ in range(batch_size)], sentence_segments)
 
-    def loss_fn(model, batch):       # cross-entropy of the start scores against the answer's position
-        tokens, segments, answers = batch
-        return F.cross_entropy(start_scores(model, tokens, segments), answers)
-
-    return train(model, loss_fn, batches(), optimizer, scheduler, steps, progress=False)["loss"]
+    history = train(model, qa_loss, batches(), optimizer, scheduler, last, evaluate=evaluate, eval_every=eval_every,
+                    progress=False)
+    history["optimizer"] = optimizer_settings(optimizer)             # what a recipe's record keeps of it
+    return history
 
 # %% ../chapters/15_applications.ipynb #c023
 SUMMARY_VOCAB = VOCAB + ("in", "with", "and", ",")     # the story's words and the summary's four new ones
@@ -203,3 +217,34 @@ def summary_example(rng):
     """A random story as one word list, its reference summary, and its sentences (for the baselines)."""
     sentences, where, holder, _ = tell_story(rng)
     return [w for s in sentences for w in s], final_state(where, holder), sentences
+
+
+def summary_loss(model, batch):
+    """Cross-entropy of the summary's tokens under teacher forcing (the decoder reads the labels shifted right,
+    [PAD] = 0 as its start token), for train(): batch = summary_batch(examples) = (src, labels)."""
+    src, labels = batch
+    logits = model(src, shift_right(labels, 0, 0))                          # (B, T, V)
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+
+
+def train_summarizer(model, steps: int = 1000, batch_size: int = 32, lr: float = 1e-2, warmup_steps: int = 100,
+                     seed: int = 0, exclude=(), *, evaluate=None, eval_every: int = 100,
+                     stop_after: int | None = None) -> dict:
+    """Train a T5 over SUMMARY_VOCAB to write the final state of a story: Chapter 10's fit (AdamW without weight
+    decay, warmup_steps of linear warm-up then linear decay to 0, gradients clipped at norm 1) on batches of
+    batch_size fresh summary_example stories drawn from random.Random(seed), never a story whose words (as a
+    tuple) are in `exclude`. evaluate, eval_every and stop_after: fit's. -> fit's history (with "optimizer")."""
+    check_int("batch_size", batch_size)
+    rng = random.Random(check_int("seed", seed, 0))
+
+    def batches():                   # endless batches of fresh stories and their summaries
+        while True:
+            examples = []
+            while len(examples) < batch_size:
+                example = summary_example(rng)
+                if tuple(example[0]) not in exclude:
+                    examples.append(example)
+            yield summary_batch(examples)
+
+    return fit(model, summary_loss, batches(), steps, lr=lr, warmup_steps=warmup_steps, weight_decay=0.0,
+               clip_norm=1.0, evaluate=evaluate, eval_every=eval_every, progress=False, stop_after=stop_after)
