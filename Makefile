@@ -142,18 +142,17 @@ lock-floor:
 	rm -rf _build/floor-venv
 
 # Strict nbval: every stored output must equal what the current code prints (volatile text sanitized).
-# The chapters that train for minutes (8, 10, 11, 12, 13, 14, 15) run two at a time with ONE CPU thread each
-# (OMP_NUM_THREADS=1): a small model gains little from a second thread (Chapter 8's training step: 123 ms with two
-# threads, 138 ms with one), so two one-thread runs side by side finish sooner than the same chapters one after the
-# other with two threads each. (Two two-thread runs side by side would oversubscribe the two cores and each run many
-# times slower.) --dist loadfile without reordering hands out the files in this order (on d15e227 the first worker
-# ran 11, 15, 13, 10, the second 8, 12, 14, then the short chapters). In make test's stage (seconds, d15e227,
-# 2026-11-27; the table it prints): 11 458, 8 439, 12 398, 15 280, 13 104, 14 187, 10 145. Longest first: no long
-# chapter starts last. make test runs these and the other chapters in one stage (test-notebooks-ci below: 1,074 s
-# on d15e227, the two workers done at 1,064 s and 1,070 s).
-TRAINING_NBS   := chapters/11_decoder_only.ipynb chapters/08_training.ipynb chapters/12_t5_and_vit.ipynb \
-                  chapters/15_applications.ipynb chapters/13_scaling.ipynb chapters/14_modern_decoder.ipynb \
-                  chapters/10_encoder_only.ipynb
+# The chapters that train (8, 10, 11, 12, 13, 14, 15) run two at a time with ONE CPU thread each (OMP_NUM_THREADS=1):
+# a small model gains little from a second thread (Chapter 8's training step: 123 ms with two threads, 138 ms with
+# one), so two one-thread runs side by side finish sooner than the same chapters one after the other with two
+# threads each. (Two two-thread runs side by side would oversubscribe the two cores and each run many times slower.)
+# Since 2026-11-28 they load their models from the recipes (experiments/recipes.py) and train only a few steps live,
+# and their outputs are compared like any other chapter's. --dist loadfile without reordering hands out the files
+# in this order, longest first (seconds alone here, one thread, 2026-11-28: 8 104, 11 52, 14 47, 13 44, 12 39,
+# 10 39, 15 23), so that no long chapter starts last.
+TRAINING_NBS   := chapters/08_training.ipynb chapters/11_decoder_only.ipynb chapters/14_modern_decoder.ipynb \
+                  chapters/13_scaling.ipynb chapters/12_t5_and_vit.ipynb chapters/10_encoder_only.ipynb \
+                  chapters/15_applications.ipynb
 test-notebooks: venv
 	$(BIN)/pytest $(NBVAL) $(filter-out $(TRAINING_NBS),$(wildcard chapters/*.ipynb)) -n $(JOBS) --dist loadfile
 	$(MAKE) --no-print-directory test-notebooks-training
