@@ -146,8 +146,8 @@ lock-floor:
 # a small model gains little from a second thread (Chapter 8's training step: 123 ms with two threads, 138 ms with
 # one), so two one-thread runs side by side finish sooner than the same chapters one after the other with two
 # threads each. (Two two-thread runs side by side would oversubscribe the two cores and each run many times slower.)
-# Since 2026-11-28 they load their models from the recipes (experiments/recipes.py) and train only a few steps live,
-# and their outputs are compared like any other chapter's. --dist loadfile without reordering hands out the files
+# Since 2026-11-28 all but Chapter 13 load their models from the recipes (experiments/recipes.py) and train only a
+# few steps live, and their outputs are compared like any other chapter's. --dist loadfile without reordering hands out the files
 # in this order, longest first (seconds alone here, one thread, 2026-11-28: 8 104, 11 52, 14 47, 13 44, 12 39,
 # 10 39, 15 23), so that no long chapter starts last.
 TRAINING_NBS   := chapters/08_training.ipynb chapters/11_decoder_only.ipynb chapters/14_modern_decoder.ipynb \

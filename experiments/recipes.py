@@ -339,7 +339,7 @@ def vit(out: str, device: str) -> dict:
             "seed": s["args"]["seed"], "steps": steps, "examples_seen": steps * batch, "tokens_seen": steps * batch * 5,
             "seconds": seconds, "call": h["call"], "optimizer": h["optimizer"],
             "history": {k: h[k] for k in ("loss", "lr", "eval_step", "eval")},
-            "baselines": {name: {k: histories[name][k] for k in ("loss", "eval_step", "eval")}
+            "baselines": {name: {k: histories[name][k] for k in ("loss", "lr", "eval_step", "eval", "optimizer")}
                           for name in ("CNN", "MLP")},
             "seconds_each": {name: histories[name]["seconds"] for name in histories},
             "final": "final.pt", "files": {"final.pt": {"step": steps}}}
