@@ -126,6 +126,24 @@ def translator(out: str, device: str) -> dict:
             "final": f"step{steps}.pt", "files": {f"step{step}.pt": {"step": step} for step in keep}}
 
 
+def one_model(out: str, device: str, s: dict, train, chapter: str, function: str, tokens_seen) -> dict:
+    """The body of a recipe that keeps one model: train(s, device, evaluate=s["evaluate"]) timed, the model saved
+    as final.pt, and the record's entries. tokens_seen(history) -> the tokens the run read."""
+    from transformer_lib.training import save_checkpoint
+
+    start = time.perf_counter()
+    model, history = train(s, device, evaluate=s["evaluate"])
+    seconds = time.perf_counter() - start
+    steps = s["args"]["steps"]
+    save_checkpoint(os.path.join(out, "final.pt"), model.cpu(), step=steps)
+    return {"chapter": chapter, "function": function, "args": {"config": dataclasses.asdict(s["config"]), **s["args"]},
+            "data": s["data"], "seed": s["args"]["seed"], "steps": steps,
+            "examples_seen": steps * s["args"]["batch_size"], "tokens_seen": tokens_seen(history),
+            "seconds": seconds, "call": history["call"], "optimizer": history["optimizer"],
+            "history": {k: history[k] for k in ("loss", "lr", "eval_step", "eval")},
+            "final": "final.pt", "files": {"final.pt": {"step": steps}}}
+
+
 @functools.cache
 def gpt_setup() -> dict:
     """Chapter 11's data (the standard library's modules, split by file, as BPE ids), configuration and the
@@ -185,21 +203,9 @@ def gpt_first_steps(k: int) -> list:
 @recipe
 def gpt(out: str, device: str) -> dict:
     """Chapter 11: the GPT that writes Python (0.94M parameters, 2,000 steps of 8 windows of 128 BPE tokens)."""
-    from transformer_lib.training import save_checkpoint
-
     s = gpt_setup()
-    start = time.perf_counter()
-    model, history = gpt_fit(s, device, evaluate=s["evaluate"])
-    seconds = time.perf_counter() - start
-    steps = s["args"]["steps"]
-    save_checkpoint(os.path.join(out, "final.pt"), model.cpu(), step=steps)
-    return {"chapter": "11_decoder_only", "function": "transformer_lib.classifier.fit",
-            "args": {"config": dataclasses.asdict(s["config"]), **s["args"]},
-            "data": s["data"], "seed": s["args"]["seed"], "steps": steps, "examples_seen": steps * s["args"]["batch_size"],
-            "tokens_seen": steps * s["args"]["batch_size"] * s["context"],
-            "seconds": seconds, "call": history["call"], "optimizer": history["optimizer"],
-            "history": {k: history[k] for k in ("loss", "lr", "eval_step", "eval")},
-            "final": "final.pt", "files": {"final.pt": {"step": steps}}}
+    return one_model(out, device, s, gpt_fit, "11_decoder_only", "transformer_lib.classifier.fit",
+                     lambda h: s["args"]["steps"] * s["args"]["batch_size"] * s["context"])
 
 
 @functools.cache
@@ -255,22 +261,10 @@ def t5_first_steps(k: int) -> list:
 def t5(out: str, device: str) -> dict:
     """Chapter 12: one T5 (0.23M parameters) on three number tasks, 2,400 steps of 32 examples; its test
     cross-entropy (the 600 held-out examples) every 600 steps."""
-    from transformer_lib.training import save_checkpoint
-
     s = t5_setup()
-    start = time.perf_counter()
-    model, history = t5_fit(s, device, evaluate=s["evaluate"])
-    seconds = time.perf_counter() - start
-    steps, batch = s["args"]["steps"], s["args"]["batch_size"]
-    save_checkpoint(os.path.join(out, "final.pt"), model.cpu(), step=steps)
-    src, labels = s["train"]
-    return {"chapter": "12_t5_and_vit", "function": "transformer_lib.classifier.fit",
-            "args": {"config": dataclasses.asdict(s["config"]), **s["args"]}, "data": s["data"],
-            "seed": s["args"]["seed"], "steps": steps, "examples_seen": steps * batch,
-            "tokens_seen": steps * batch * (src.size(1) + labels.size(1)),       # padded lengths: an upper bound
-            "seconds": seconds, "call": history["call"], "optimizer": history["optimizer"],
-            "history": {k: history[k] for k in ("loss", "lr", "eval_step", "eval")},
-            "final": "final.pt", "files": {"final.pt": {"step": steps}}}
+    src, labels = s["train"]                              # padded lengths: an upper bound
+    return one_model(out, device, s, t5_fit, "12_t5_and_vit", "transformer_lib.classifier.fit",
+                     lambda h: s["args"]["steps"] * s["args"]["batch_size"] * (src.size(1) + labels.size(1)))
 
 
 @functools.cache
@@ -644,21 +638,8 @@ def reader_first_steps(k: int) -> list:
 def reader(out: str, device: str) -> dict:
     """Chapter 15: the question-answering reader (BertForQuestionAnswering, d_model 64, 2 layers; 3,000 steps of
     32 fresh one-fact stories, the first 800 on 2-4 sentences)."""
-    from transformer_lib.training import save_checkpoint
-
-    s = reader_setup()
-    start = time.perf_counter()
-    model, history = reader_train(s, device, evaluate=s["evaluate"])
-    seconds = time.perf_counter() - start
-    steps = s["args"]["steps"]
-    save_checkpoint(os.path.join(out, "final.pt"), model.cpu(), step=steps)
-    return {"chapter": "15_applications", "function": "transformer_lib.applications.train_qa",
-            "args": {"config": dataclasses.asdict(s["config"]), **s["args"]},
-            "data": s["data"], "seed": s["args"]["seed"], "steps": steps,
-            "examples_seen": steps * s["args"]["batch_size"], "tokens_seen": history["tokens_seen"],
-            "seconds": seconds, "call": history["call"], "optimizer": history["optimizer"],
-            "history": {k: history[k] for k in ("loss", "lr", "eval_step", "eval")},
-            "final": "final.pt", "files": {"final.pt": {"step": steps}}}
+    return one_model(out, device, reader_setup(), reader_train, "15_applications",
+                     "transformer_lib.applications.train_qa", lambda h: h["tokens_seen"])
 
 
 @functools.cache
@@ -717,21 +698,8 @@ def writer_first_steps(k: int) -> list:
 def writer(out: str, device: str) -> dict:
     """Chapter 15: the summarizer (T5, d_model 32, 2 + 2 layers; 1,000 steps of 32 fresh stories) that writes a
     story's final state."""
-    from transformer_lib.training import save_checkpoint
-
-    s = writer_setup()
-    start = time.perf_counter()
-    model, history = writer_train(s, device, evaluate=s["evaluate"])
-    seconds = time.perf_counter() - start
-    steps = s["args"]["steps"]
-    save_checkpoint(os.path.join(out, "final.pt"), model.cpu(), step=steps)
-    return {"chapter": "15_applications", "function": "transformer_lib.applications.train_summarizer",
-            "args": {"config": dataclasses.asdict(s["config"]), **s["args"]},
-            "data": s["data"], "seed": s["args"]["seed"], "steps": steps,
-            "examples_seen": steps * s["args"]["batch_size"], "tokens_seen": history["tokens_seen"],
-            "seconds": seconds, "call": history["call"], "optimizer": history["optimizer"],
-            "history": {k: history[k] for k in ("loss", "lr", "eval_step", "eval")},
-            "final": "final.pt", "files": {"final.pt": {"step": steps}}}
+    return one_model(out, device, writer_setup(), writer_train, "15_applications",
+                     "transformer_lib.applications.train_summarizer", lambda h: h["tokens_seen"])
 
 
 SETUPS = {"translator": translator_setup, "gpt": gpt_setup, "t5": t5_setup, "vit": vit_setup,   # tests/test_recipes.py
