@@ -4,7 +4,8 @@
 __all__ = ['PEOPLE', 'PLACES', 'OBJECTS', 'MOVES', 'TAKES', 'DROPS', 'SPECIALS', 'WORDS', 'VOCAB', 'ID', 'SUMMARY_VOCAB',
            'SUMMARY_ID', 'tell_story', 'make_story', 'last_place', 'nearest_place', 'encode', 'qa_batch',
            'start_scores', 'predict_answers', 'exact_match', 'qa_loss', 'train_qa', 'final_state', 'summary_batch',
-           'summary_example', 'summary_loss', 'train_summarizer']
+           'summary_example', 'summary_loss', 'train_summarizer', 'qa_from_pretrained', 'span_probabilities',
+           'answer_question', 't5_from_pretrained', 't5_summarize']
 
 # %% ../chapters/15_applications.ipynb #c003
 import random
@@ -248,3 +249,105 @@ def train_summarizer(model, steps: int = 1000, batch_size: int = 32, lr: float =
 
     return fit(model, summary_loss, batches(), steps, lr=lr, warmup_steps=warmup_steps, weight_decay=0.0,
                clip_norm=1.0, evaluate=evaluate, eval_every=eval_every, progress=False, stop_after=stop_after)
+
+# %% ../chapters/15_applications.ipynb #c15h1
+from .bert import BertConfig, BertForQuestionAnswering, load_hf_bert
+from .hf import from_pretrained
+from .t5 import T5, T5Config, load_hf_t5, t5_generate
+
+
+def qa_from_pretrained(name_or_path, dtype=torch.float32):
+    """A Hugging Face BertForQuestionAnswering checkpoint (a Hub name, e.g. a BERT fine-tuned on SQuAD, or a
+    directory written by save_pretrained) in the book's own BertForQuestionAnswering, by Chapter 10's bridge.
+    -> (ours, theirs), both in eval mode and in dtype. Raises OSError when it is neither on disk nor reachable."""
+    hf_model = from_pretrained("BertForQuestionAnswering", name_or_path, dtype)
+    model = BertForQuestionAnswering(BertConfig.from_hf(hf_model.config)).to(dtype)
+    return load_hf_bert(model, hf_model).eval(), hf_model
+
+
+def span_probabilities(logits, allowed, max_answer_len: int):
+    """Extractive QA's post-processing for one window, as Hugging Face's pipelines do it: softmax the start and the
+    end scores over the allowed positions (the context's tokens) and score each span start <= end <
+    start + max_answer_len as p(start) * p(end). logits (S, 2), allowed (S,) bool -> (S, S), 0 where not allowed."""
+    S = logits.size(0)
+    p = logits.masked_fill(~allowed[:, None], float("-inf")).softmax(dim=0)            # (S, 2)
+    spans = p[:, 0, None] * p[None, :, 1]                                              # (S, S): start x end
+    i = torch.arange(S, device=logits.device)
+    inside = (i[None, :] >= i[:, None]) & (i[None, :] < i[:, None] + max_answer_len)
+    return spans * inside
+
+
+def answer_question(name_or_path, question: str, context: str, max_answer_len: int = 15, max_length: int = 384,
+                    doc_stride: int = 128, dtype=torch.float32) -> dict:
+    """Extractive question answering with a real checkpoint: WordPiece-tokenize (question, context); cut a context
+    longer than max_length tokens into windows overlapping by doc_stride tokens; take each window's best span by
+    span_probabilities and the best over the windows; map it back to characters with the offset mapping.
+    -> {"answer": the context's characters, "chars": (first, end), "score", "windows", "same": whether
+    transformers' own post-processing (select_starts_ends) picks the same span in every window and the same
+    answer, "max_diff": max |ours - theirs| over the start and end scores}."""
+    for name, text in (("question", question), ("context", context)):
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"{name} must be a non-empty string, got {describe(text)}")
+    check_int("max_answer_len", max_answer_len)
+    if check_int("doc_stride", doc_stride) >= check_int("max_length", max_length):
+        raise ValueError(f"doc_stride must be smaller than max_length = {max_length}, got {doc_stride}")
+    import transformers
+    from transformers.pipelines.document_question_answering import select_starts_ends   # theirs, to compare
+
+    model, hf_model = qa_from_pretrained(name_or_path, dtype)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path)
+    windows = tokenizer(question, context, truncation="only_second", max_length=max_length, stride=doc_stride,
+                        return_overflowing_tokens=True, return_offsets_mapping=True, padding=True,
+                        return_tensors="pt")
+    ids, segments, attention = windows["input_ids"], windows.get("token_type_ids"), windows["attention_mask"]
+    with torch.no_grad():
+        logits = model(ids, segments, attention.bool()[:, None, None, :])                # (W, S, 2)
+        theirs = hf_model(input_ids=ids, token_type_ids=segments, attention_mask=attention)
+    ours_best, their_best, same = (-1.0, 0, 0), (-1.0, 0, 0), True
+    for w in range(len(ids)):
+        allowed = torch.tensor([s == 1 for s in windows.sequence_ids(w)])                # the context's tokens
+        spans = span_probabilities(logits[w], allowed, max_answer_len)                    # (S, S)
+        score, flat = spans.flatten().max(dim=0)
+        start, end = divmod(flat.item(), spans.size(1))
+        s, e, p, _ = select_starts_ends(theirs.start_logits[w:w + 1].numpy(), theirs.end_logits[w:w + 1].numpy(),
+                                        (~allowed).long().numpy()[None], attention[w:w + 1].numpy(),
+                                        max_answer_len=max_answer_len)
+        same = same and (int(s[0]), int(e[0])) == (start, end)
+        offsets = windows["offset_mapping"][w]                                            # (S, 2) characters
+        if score.item() > ours_best[0]:
+            ours_best = (score.item(), offsets[start, 0].item(), offsets[end, 1].item())
+        if float(p[0]) > their_best[0]:
+            their_best = (float(p[0]), offsets[int(s[0]), 0].item(), offsets[int(e[0]), 1].item())
+    score, first, last = ours_best
+    diff = max((logits[..., 0] - theirs.start_logits).abs().max().item(),
+               (logits[..., 1] - theirs.end_logits).abs().max().item())
+    return {"answer": context[first:last], "chars": (first, last), "score": score, "windows": len(ids),
+            "same": same and their_best[1:] == (first, last), "max_diff": diff}
+
+
+def t5_from_pretrained(name_or_path="t5-small", dtype=torch.float32):
+    """A Hugging Face T5ForConditionalGeneration (T5 v1.0, e.g. t5-small, or a directory written by
+    save_pretrained) in the book's own T5 (Chapter 12's bridge). -> (ours, theirs), in eval mode and in dtype."""
+    hf_model = from_pretrained("T5ForConditionalGeneration", name_or_path, dtype)
+    model = T5(T5Config.from_hf(hf_model.config)).to(dtype)
+    return load_hf_t5(model, hf_model).eval(), hf_model
+
+
+def t5_summarize(name_or_path, text: str, max_new_tokens: int = 60, dtype=torch.float32) -> dict:
+    """Summarize text with a real T5 the way its paper does: the task prefix "summarize: ", then decoding (greedy
+    here, Chapter 12's t5_generate). -> {"summary", "same": whether transformers' greedy generate writes the same
+    tokens}."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"text must be a non-empty string, got {describe(text)}")
+    check_int("max_new_tokens", max_new_tokens)
+    import transformers
+
+    model, hf_model = t5_from_pretrained(name_or_path, dtype)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path)
+    src = tokenizer("summarize: " + text, return_tensors="pt", truncation=True, max_length=512)["input_ids"]
+    with torch.no_grad():
+        ours = t5_generate(model, src, max_new_tokens)[0]                                # (≤ max_new_tokens,)
+        theirs = hf_model.generate(src, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1)[0, 1:]
+    pad = model.config.pad_id
+    ours, theirs = ours[ours != pad], theirs[theirs != pad]
+    return {"summary": tokenizer.decode(ours, skip_special_tokens=True), "same": torch.equal(ours, theirs)}
