@@ -2,7 +2,7 @@
 
 # %% auto #0
 __all__ = ['check_split_merge', 'check_heads_loop', 'check_kv_counts', 'check_min_mse', 'check_padding_fix',
-           'check_multi_head_attention']
+           'check_multi_head_attention', 'check_gpt2_attention']
 
 # %% ../../chapters/02_multi_head_attention.ipynb #c045
 # The checkers of the exercises, exported to transformer_lib.exercises.multi_head (not part of the model's module).
@@ -370,4 +370,73 @@ def check_multi_head_attention(cls, seed: int = 0) -> None:
               name="your forward", against="MultiHeadAttention", shape="(B, n_q, d_model) = ", hint=hint)
     print(f"check_multi_head_attention: {cls.__name__} matches MultiHeadAttention in all {len(cases)} cases "
           "(causal, padding, no mask)")
+
+
+# %% ../../chapters/02_multi_head_attention.ipynb #c045c
+# --- exercise 1: GPT-2's fused c_attn and c_proj (Conv1D: x @ weight + bias) into W_q, W_k, W_v, W_o
+def _gpt2_attention(x, c_attn_weight, c_attn_bias, c_proj_weight, c_proj_bias, num_heads, order=(0, 1, 2),
+                    attn_t=False, proj_t=False):
+    """GPT-2's attention computed on its own fused weights, as GPT-2 does: qkv = x @ c_attn_weight + c_attn_bias, cut
+    into [query | key | value], heads as in section 2.3, causal attention, then @ c_proj_weight + c_proj_bias. The
+    switches name a reader's slips: order, the three parts taken in another order; attn_t / proj_t, each d x d
+    block of the weight transposed (a Conv1D weight copied into nn.Linear as it is)."""
+    B, n, d = x.shape
+    blocks = list(c_attn_weight.split(d, dim=1))
+    blocks = [b.T for b in blocks] if attn_t else blocks
+    biases = c_attn_bias.split(d)
+    q, k, v = (x @ blocks[i] + biases[i] for i in order)
+    heads = [t.view(B, n, num_heads, d // num_heads).transpose(1, 2) for t in (q, k, v)]
+    out, _ = scaled_dot_product_attention(*heads, causal_mask(n, device=x.device)[None, None])
+    out = out.transpose(1, 2).reshape(B, n, d)
+    return out @ (c_proj_weight.T if proj_t else c_proj_weight) + c_proj_bias
+
+
+def check_gpt2_attention(fn, seed: int = 0) -> None:
+    """Test a reader's fn(mha, c_attn_weight, c_attn_bias, c_proj_weight, c_proj_bias), which copies GPT-2's fused
+    attention weights (Conv1D layout: weight (in, out), y = x @ weight + bias; c_attn's output is [query | key |
+    value]) into a MultiHeadAttention mha in place. The loaded module, run with a causal mask, must equal GPT-2's
+    computation on the fused weights (float64; a module the reader turned to float32 is accepted). Names the slips:
+    a parameter left as it was, a Conv1D weight copied untransposed, query, key and value in the wrong order."""
+    g = torch.Generator().manual_seed(seed)
+    B, n, d_model, h = 2, 5, 12, 3
+
+    def rand(*shape):
+        return 0.5 * torch.randn(*shape, generator=g, dtype=torch.float64)
+    weights = (rand(d_model, 3 * d_model), rand(3 * d_model), rand(d_model, d_model), rand(d_model))
+    x = rand(B, n, d_model)
+
+    def loaded(x, *weights):                        # the reader's module, loaded by fn, on x
+        with torch.random.fork_rng(devices=[]):
+            mha = MultiHeadAttention(d_model, h, dropout=0.0).to(torch.float64).eval()
+        with torch.no_grad():
+            for p in mha.parameters():
+                p.fill_(float("nan"))               # so that a parameter fn leaves alone shows
+        call_reader(fn, "fn(mha, c_attn_weight, c_attn_bias, c_proj_weight, c_proj_bias)", mha,
+                    *(w.clone() for w in weights))
+        left = [name for name, p in mha.named_parameters() if p.isnan().any()]
+        if left:
+            raise Verdict(f"{', '.join(left)} still hold{'s' if len(left) == 1 else ''} what they held before: "
+                          "every parameter of W_q, W_k, W_v and W_o comes from c_attn or c_proj (the biases too)")
+        with torch.no_grad():
+            return mha(x.to(mha.W_q.weight.dtype), *[x.to(mha.W_q.weight.dtype)] * 2,
+                       causal_mask(n, device=x.device)[None, None])[0]
+
+    def slip(**change):
+        return lambda x, *w: _gpt2_attention(x, *w, h, **change)
+    untransposed = ("a Conv1D weight is the transpose of an nn.Linear weight: Conv1D computes x @ weight, "
+                    "nn.Linear x @ weight.T, so each block must be transposed on the way in")
+    mistakes = {
+        untransposed: [slip(attn_t=True, proj_t=True), slip(attn_t=True), slip(proj_t=True)],
+        "query, key and value are in the wrong order: c_attn's output is [query | key | value], d_model "
+        "features each": [slip(order=o) for o in ((1, 0, 2), (0, 2, 1), (2, 1, 0), (1, 2, 0), (2, 0, 1))],
+        "you reshaped c_attn's weight (d_model, 3 d_model) into nn.MultiheadAttention's (3 d_model, d_model) "
+        "layout; a reshape only re-reads the numbers in memory order, it does not transpose: the three parts are "
+        "blocks of columns of the Conv1D weight": [lambda x, *w, t=t: _gpt2_attention(
+            x, torch.cat([b.T for b in w[0].reshape(3 * d_model, d_model).split(d_model)], 1), *w[1:], h, proj_t=t)
+            for t in (False, True)],
+    }
+    grade(loaded, lambda x, *w: _gpt2_attention(x, *w, h), {"causal self-attention, B = 2, n = 5, d_model = 12, "
+          "h = 3": (x, *weights)}, mistakes, name="your loaded MultiHeadAttention",
+          against="GPT-2's attention on the fused weights", shape="(B, n, d_model) = ")
+    print("check_gpt2_attention: your loaded MultiHeadAttention computes GPT-2's attention")
 
