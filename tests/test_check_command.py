@@ -126,3 +126,33 @@ def test_help_lists_every_component_on_one_line(tmp_path):
                  "my_<name>", "my_attention = scaled_dot_product_attention"):
         assert text in result.stdout
     assert max(map(len, lines)) <= 120
+
+
+def test_the_exercises_of_chapters_1_and_2():
+    """Chapter 1's exercise 1 (the backward pass) and Chapter 2's exercise 1 (GPT-2's fused weights) are found under
+    the exercises' names and graded; a slip is named."""
+    import math
+
+    import torch
+
+    def my_attention_backward(Q, K, V, dO, diagonal_only=False):
+        P = torch.softmax(Q @ K.transpose(-2, -1) / math.sqrt(Q.size(-1)), -1)
+        dP = dO @ V.transpose(-2, -1)
+        dS = P * dP if diagonal_only else P * (dP - (P * dP).sum(-1, keepdim=True))
+        return dS @ K / math.sqrt(Q.size(-1)), dS.transpose(-2, -1) @ Q / math.sqrt(Q.size(-1)), P.transpose(-2, -1) @ dO
+
+    def load_gpt2_attention(mha, c_attn_weight, c_attn_bias, c_proj_weight, c_proj_bias):
+        d = mha.d_model
+        with torch.no_grad():
+            for i, W in enumerate((mha.W_q, mha.W_k, mha.W_v)):
+                W.weight.copy_(c_attn_weight[:, i * d:(i + 1) * d].T)
+                W.bias.copy_(c_attn_bias[i * d:(i + 1) * d])
+            mha.W_o.weight.copy_(c_proj_weight.T)
+            mha.W_o.bias.copy_(c_proj_bias)
+
+    results = {name: (passed, verdict) for name, passed, verdict in run_checks({
+        "my_attention_backward": my_attention_backward, "load_gpt2_attention": load_gpt2_attention,
+        "attention_backward": lambda *x: my_attention_backward(*x, diagonal_only=True)})}
+    assert results["my_attention_backward"][0] and "chapter 1, exercise 1" in results["my_attention_backward"][1]
+    assert results["load_gpt2_attention"][0] and "chapter 2, exercise 1" in results["load_gpt2_attention"][1]
+    assert not results["attention_backward"][0] and "diagonal" in results["attention_backward"][1]

@@ -1,11 +1,68 @@
-"""Chapter 1's graders for exercises 2 (temperature limits) and 3 (additive attention): a correct answer passes in
-float64 and float32, and each typical mistake is named."""
+"""Chapter 1's graders for exercises 1 (attention's backward pass), 2 (temperature limits) and 3 (additive
+attention): a correct answer passes in float64 and float32, and each typical mistake is named."""
+
+import math
 
 import torch
 import torch.nn.functional as F
 from helpers import grader_row
 
-from transformer_lib.exercises.attention import check_additive_scores, check_temperature_limits
+from transformer_lib.exercises.attention import (
+    check_additive_scores,
+    check_attention_backward,
+    check_temperature_limits,
+)
+
+# --- exercise 1: the backward pass by hand
+
+def _backward(Q, K, V, dO, slip=""):
+    """(dQ, dK, dV) of O = softmax(Q K^T / sqrt(d_k)) V, by hand, with one optional slip."""
+    d_k = Q.size(-1)
+    P = torch.softmax(Q @ K.transpose(-2, -1) / math.sqrt(d_k), dim=-1)
+    dV = P @ dO if slip == "dV untransposed" else P.transpose(-2, -1) @ dO
+    dP = dO @ V.transpose(-2, -1)
+    dS = {"identity": dP, "diagonal": P * dP}.get(slip, P * (dP - (P * dP).sum(-1, keepdim=True)))
+    s = 1.0 if slip == "no scale" else math.sqrt(d_k)
+    dK = (dS if slip == "dK untransposed" else dS.transpose(-2, -1)) @ Q / s
+    return dS @ K / s, dK, dV
+
+
+def attention_backward(Q, K, V, dO):
+    return _backward(Q, K, V, dO)
+
+
+def attention_backward32(Q, K, V, dO):
+    return _backward(*(t.float() for t in (Q, K, V, dO)))
+
+
+def softmax_skipped(Q, K, V, dO):
+    return _backward(Q, K, V, dO, "identity")
+
+
+def jacobian_diagonal_only(Q, K, V, dO):
+    return _backward(Q, K, V, dO, "diagonal")
+
+
+def scale_forgotten(Q, K, V, dO):
+    return _backward(Q, K, V, dO, "no scale")
+
+
+def dv_untransposed(Q, K, V, dO):
+    return _backward(Q, K, V, dO, "dV untransposed")
+
+
+def dk_untransposed(Q, K, V, dO):
+    return _backward(Q, K, V, dO, "dK untransposed")
+
+
+def by_autograd(Q, K, V, dO):
+    Q, K, V = (t.requires_grad_() for t in (Q, K, V))
+    out = torch.softmax(Q @ K.transpose(-2, -1) / math.sqrt(Q.size(-1)), -1) @ V
+    return torch.autograd.grad(out, (Q, K, V), dO)
+
+
+def two_gradients(Q, K, V, dO):
+    return _backward(Q, K, V, dO)[:2]
 
 
 def limits(scores):
@@ -74,6 +131,15 @@ def dot_product(Q, K, W_1, W_2, w):
 
 
 GRADERS = [
+    grader_row(check_attention_backward, correct=[attention_backward, attention_backward32], mistakes=[
+        (softmax_skipped, "straight through the softmax"),
+        (jacobian_diagonal_only, "only the diagonal"),
+        (scale_forgotten, "too large by sqrt"),
+        (dv_untransposed, "dV uses the weights untransposed"),
+        (dk_untransposed, "dK takes the scores' gradient untransposed"),
+        (by_autograd, "Autograd is off"),
+        (two_gradients, "three tensors"),
+    ], prints="equal autograd's"),
     grader_row(check_temperature_limits, correct=[limits, limits32, limits_numerically], mistakes=[
         (swapped_limits, "swapped"),
         (weights_at_c_equal_1, "weights at c = 1"),

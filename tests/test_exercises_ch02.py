@@ -5,8 +5,10 @@ import torch
 import torch.nn as nn
 from helpers import grader_row
 
-from transformer_lib.attention import scaled_dot_product_attention
+from transformer_lib.attention import causal_mask, scaled_dot_product_attention
 from transformer_lib.exercises.multi_head import (
+    _gpt2_attention,
+    check_gpt2_attention,
     check_heads_loop,
     check_kv_counts,
     check_min_mse,
@@ -195,7 +197,88 @@ def test_graders_leave_the_global_random_state_alone():
     assert torch.equal(before, torch.get_rng_state())
 
 
+# --- exercise 1: check_gpt2_attention
+
+def _load(mha, c_attn_weight, c_attn_bias, c_proj_weight, c_proj_bias, slip="", dtype=torch.float64):
+    """GPT-2's Conv1D weights (in, out) into mha, with one optional slip."""
+    d = mha.d_model
+    mha.to(dtype)
+    order = (1, 0, 2) if slip == "q and k swapped" else (0, 1, 2)
+    with torch.no_grad():
+        for i, W in zip(order, (mha.W_q, mha.W_k, mha.W_v), strict=True):
+            block = c_attn_weight[:, i * d:(i + 1) * d].T
+            if slip == "c_attn untransposed":
+                block = block.T
+            if slip == "reshaped":
+                block = c_attn_weight.reshape(3 * d, d)[i * d:(i + 1) * d]
+            W.weight.copy_(block)
+            if slip != "biases left":
+                W.bias.copy_(c_attn_bias[i * d:(i + 1) * d])
+        mha.W_o.weight.copy_(c_proj_weight if slip == "c_proj untransposed" else c_proj_weight.T)
+        mha.W_o.bias.copy_(c_proj_bias)
+
+
+def load_gpt2_attention(*args):
+    _load(*args)
+
+
+def load_gpt2_attention32(*args):
+    _load(*args, dtype=torch.float32)
+
+
+def c_attn_untransposed(*args):
+    _load(*args, slip="c_attn untransposed")
+
+
+def c_proj_untransposed(*args):
+    _load(*args, slip="c_proj untransposed")
+
+
+def q_and_k_swapped(*args):
+    _load(*args, slip="q and k swapped")
+
+
+def reshaped_not_transposed(*args):
+    _load(*args, slip="reshaped")
+
+
+def biases_left(*args):
+    _load(*args, slip="biases left")
+
+
+def test_gpt2_reference_is_gpt2():
+    """The grader's reference, _gpt2_attention on the fused weights, equals Hugging Face's GPT2Attention (eager,
+    float64) with the same weights, and a module loaded by the solution equals both."""
+    from helpers import import_hf
+    transformers = import_hf("transformers")
+    config = transformers.GPT2Config(n_embd=12, n_head=3, n_positions=8, n_layer=1, attn_pdrop=0.0,
+                                     resid_pdrop=0.0, attn_implementation="eager")
+    torch.manual_seed(0)
+    block = transformers.GPT2LMHeadModel(config).to(torch.float64).eval().transformer.h[0].attn
+    with torch.no_grad():
+        for p in block.parameters():
+            p.copy_(0.5 * torch.randn_like(p))
+    x = torch.randn(2, 5, 12, dtype=torch.float64)
+    weights = (block.c_attn.weight, block.c_attn.bias, block.c_proj.weight, block.c_proj.bias)
+    with torch.no_grad():
+        blocked = torch.zeros(5, 5, dtype=torch.float64).masked_fill(~causal_mask(5), float("-inf"))
+        theirs = block(x, attention_mask=blocked[None, None])[0]       # the model passes its causal mask in
+        ours = _gpt2_attention(x, *weights, 3)
+        mha = MultiHeadAttention(12, 3, dropout=0.0).to(torch.float64).eval()
+        load_gpt2_attention(mha, *weights)
+        mine = mha(x, x, x, causal_mask(5)[None, None])[0]
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-12)
+    torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-12)
+
+
 GRADERS = [
+    grader_row(check_gpt2_attention, correct=[load_gpt2_attention, load_gpt2_attention32], mistakes=[
+        (c_attn_untransposed, "transpose of an nn.Linear weight"),
+        (c_proj_untransposed, "transpose of an nn.Linear weight"),
+        (q_and_k_swapped, "wrong order"),
+        (reshaped_not_transposed, "a reshape only re-reads"),
+        (biases_left, "W_q.bias, W_k.bias, W_v.bias still hold"),
+    ], prints="computes GPT-2's attention"),
     grader_row(check_heads_loop, correct=[heads_loop, heads_loop32], mistakes=[
         (forgotten_biases, "biases of W_q, W_k, W_v are missing"),
         (columns_not_rows, "you sliced columns"),

@@ -87,9 +87,11 @@ def _token_mean_loss_with_n_local(fn):
 
 # name in the reader's file: (the other names it needs, "exercises module:grader", where it is taught, adapter)
 COMPONENTS = {
-    "scaled_dot_product_attention": ((), "attention:check_attention", "chapter 1, exercise 1", None),
+    "scaled_dot_product_attention": ((), "attention:check_attention", "chapter 1, section 1.3", None),
+    "attention_backward": ((), "attention:check_attention_backward", "chapter 1, exercise 1", None),
     "additive_scores": ((), "attention:check_additive_scores", "chapter 1, exercise 3", None),
-    "split_heads": (("merge_heads",), "multi_head:check_split_merge", "chapter 2, exercise 1", None),
+    "split_heads": (("merge_heads",), "multi_head:check_split_merge", "chapter 2, section 2.3", None),
+    "load_gpt2_attention": ((), "multi_head:check_gpt2_attention", "chapter 2, exercise 1", None),
     "heads_loop": ((), "multi_head:check_heads_loop", "chapter 2, exercise 2", None),
     "MultiHeadAttention": ((), "multi_head:check_multi_head_attention", "chapter 2, the module", None),
     "sinusoidal_encoding": ((), "positional:check_sinusoidal_encoding", "chapter 3, exercise 1", None),

@@ -2,7 +2,7 @@
 
 # %% auto #0
 __all__ = ['check_split_merge', 'check_heads_loop', 'check_kv_counts', 'check_min_mse', 'check_padding_fix',
-           'check_multi_head_attention']
+           'check_multi_head_attention', 'check_gpt2_attention']
 
 # %% ../../chapters/02_multi_head_attention.ipynb #c045
 # The checkers of the exercises, exported to transformer_lib.exercises.multi_head (not part of the model's module).
@@ -65,25 +65,30 @@ def check_split_merge(split_heads, merge_heads):
 
 def _heads_loop(m, query, key, value, mask=None, bias=True, columns=False, order="concat", w_o="full",
                 scale=None):
-    """The loop over heads, with switches for the usual slips (the reference when all are left at default)."""
-    heads = []
-    for i in range(m.num_heads):
-        rows = slice(i * m.d_k, (i + 1) * m.d_k)                      # head i's rows of each weight
-        projected = []
-        for W, x in ((m.W_q, query), (m.W_k, key), (m.W_v, value)):
-            y = x @ W.weight[:, rows] if columns else x @ W.weight[rows].T    # (B, n, d_k)
-            projected.append(y + W.bias[rows] if bias else y)
-        q, k, v = projected
-        if scale is not None:                                          # 1/scale instead of 1/sqrt(d_k)
-            q = q * math.sqrt(m.d_k) / scale
-        heads.append(scaled_dot_product_attention(q, k, v, None if mask is None else mask[:, 0])[0])
-    if order == "reversed":
-        heads = heads[::-1]
-    concat = torch.stack(heads, dim=-1).flatten(-2) if order == "interleaved" else torch.cat(heads, dim=-1)
-    if w_o == "none":
-        return concat                                                  # (B, n_q, d_model)
-    out = concat @ m.W_o.weight.T
-    return out if w_o == "no bias" else out + m.W_o.bias
+    """The module m's output with one deliberate change, to name a reader's slip in a loop over heads (m's own output
+    when all are left at default), made on a copy of m's weights, not by looping: the biases of W_q, W_k, W_v
+    dropped; each head's block of a weight read by columns instead of rows; the heads concatenated in reverse or
+    interleaved (W_o's columns permuted to match); W_o or its bias left out; the scores divided by scale."""
+    d, h, d_k = m.d_model, m.num_heads, m.d_k
+    with torch.random.fork_rng(devices=[]):
+        twin = MultiHeadAttention(d, h, dropout=0.0, scale=None if scale is None else 1 / scale)
+    twin = twin.to(m.W_q.weight.dtype).eval()
+    twin.load_state_dict(m.state_dict())
+    with torch.no_grad():
+        for W in (twin.W_q, twin.W_k, twin.W_v):
+            if columns:                                   # block i of rows <- the transposed block i of columns
+                W.weight.copy_(torch.cat([c.T for c in W.weight.split(d_k, dim=1)], dim=0))
+            if not bias:
+                W.bias.zero_()
+        if order == "reversed":
+            twin.W_o.weight.copy_(torch.cat(twin.W_o.weight.split(d_k, dim=1)[::-1], dim=1))
+        elif order == "interleaved":
+            twin.W_o.weight.copy_(twin.W_o.weight.reshape(d, d_k, h).transpose(1, 2).reshape(d, d))
+        if w_o == "none":
+            twin.W_o.weight.copy_(torch.eye(d, dtype=twin.W_o.weight.dtype))
+        if w_o != "full":
+            twin.W_o.bias.zero_()
+        return twin(query, key, value, mask)[0]
 
 
 def check_heads_loop(fn, seed: int = 0) -> None:
@@ -194,6 +199,17 @@ def check_kv_counts(fn) -> None:
 
 # --- exercise 4: why one head stalls at 3/7
 
+def _least_squares_errors(alpha: float, scale=None) -> tuple:
+    """The MSE of s * (alpha u + (1 - alpha) v) against the target u and against v, at the best read-out scale s (by
+    least squares) or at s = scale, measured on 4,096 samples of u and v made exactly uncorrelated with unit second
+    moments (QR), so that the sample's answer is the exact one."""
+    g = torch.Generator().manual_seed(0)
+    u, v = torch.linalg.qr(torch.randn(4096, 2, generator=g, dtype=torch.float64))[0].T * 64   # mean(u u) = 1 ...
+    blend = alpha * u + (1 - alpha) * v
+    return tuple(((((blend @ t) / (blend @ blend) if scale is None else scale) * blend - t) ** 2).mean().item()
+                 for t in (u, v))
+
+
 def check_min_mse(fn) -> None:
     """Test a reader's fn(alpha) -> (best MSE when the target is u, best MSE when the target is v) for the
     blend s * (alpha u + (1 - alpha) v) of two independent features of mean 0 and variance 1, minimised over
@@ -202,8 +218,7 @@ def check_min_mse(fn) -> None:
     alphas = (0.05, 0.2, 0.3, 0.5, 0.7, 0.9, 0.95)
     for a in alphas:
         b = 1 - a
-        norm = a * a + b * b                                           # variance of the blend
-        want = (b * b / norm, a * a / norm)
+        want = _least_squares_errors(a)
         got = call_reader(fn, f"fn(alpha={a})", a)
         if not isinstance(got, (tuple, list, torch.Tensor)) or len(got) != 2:
             raise AssertionError(f"fn(alpha={a}) must return two numbers (MSE for target u, MSE for target v), "
@@ -213,12 +228,13 @@ def check_min_mse(fn) -> None:
             continue
         slips = [
             ((want[1], want[0]), "the two are swapped: with weight alpha on u, the target u keeps the smaller "
-                                 "error when alpha > 1/2, (1 - alpha)^2 / (alpha^2 + (1 - alpha)^2)"),
-            ((2 * b * b, 2 * a * a), "that is the error with s = 1; the read-out scale s is free: minimise "
-                                     "s^2 (alpha^2 + (1 - alpha)^2) - 2 s alpha + 1 over s"),
+                                 "error when alpha > 1/2"),
+            (_least_squares_errors(a, scale=1.0), "that is the error with s = 1; the read-out scale s is free: "
+                                                  "take the s that minimises the error, for each target"),
             ((b, a), "you used alpha and 1 - alpha where their squares belong: the blend's variance is "
                      "alpha^2 + (1 - alpha)^2"),
-            ((b * b, a * a), "the normalisation is missing: divide by the blend's variance alpha^2 + (1 - alpha)^2"),
+            (tuple(w * (a * a + b * b) for w in want), "the normalisation is missing: divide by the blend's "
+                                                         "variance alpha^2 + (1 - alpha)^2"),
         ]
         for wrong, message in slips:
             if all(abs(x - y) < 0.01 for x, y in zip(got, wrong, strict=True)):
@@ -370,4 +386,73 @@ def check_multi_head_attention(cls, seed: int = 0) -> None:
               name="your forward", against="MultiHeadAttention", shape="(B, n_q, d_model) = ", hint=hint)
     print(f"check_multi_head_attention: {cls.__name__} matches MultiHeadAttention in all {len(cases)} cases "
           "(causal, padding, no mask)")
+
+
+# %% ../../chapters/02_multi_head_attention.ipynb #c045c
+# --- exercise 1: GPT-2's fused c_attn and c_proj (Conv1D: x @ weight + bias) into W_q, W_k, W_v, W_o
+def _gpt2_attention(x, c_attn_weight, c_attn_bias, c_proj_weight, c_proj_bias, num_heads, order=(0, 1, 2),
+                    attn_t=False, proj_t=False):
+    """GPT-2's attention computed on its own fused weights, as GPT-2 does: qkv = x @ c_attn_weight + c_attn_bias, cut
+    into [query | key | value], heads as in section 2.3, causal attention, then @ c_proj_weight + c_proj_bias. The
+    switches name a reader's slips: order, the three parts taken in another order; attn_t / proj_t, each d x d
+    block of the weight transposed (a Conv1D weight copied into nn.Linear as it is)."""
+    B, n, d = x.shape
+    blocks = list(c_attn_weight.split(d, dim=1))
+    blocks = [b.T for b in blocks] if attn_t else blocks
+    biases = c_attn_bias.split(d)
+    q, k, v = (x @ blocks[i] + biases[i] for i in order)
+    heads = [t.view(B, n, num_heads, d // num_heads).transpose(1, 2) for t in (q, k, v)]
+    out, _ = scaled_dot_product_attention(*heads, causal_mask(n, device=x.device)[None, None])
+    out = out.transpose(1, 2).reshape(B, n, d)
+    return out @ (c_proj_weight.T if proj_t else c_proj_weight) + c_proj_bias
+
+
+def check_gpt2_attention(fn, seed: int = 0) -> None:
+    """Test a reader's fn(mha, c_attn_weight, c_attn_bias, c_proj_weight, c_proj_bias), which copies GPT-2's fused
+    attention weights (Conv1D layout: weight (in, out), y = x @ weight + bias; c_attn's output is [query | key |
+    value]) into a MultiHeadAttention mha in place. The loaded module, run with a causal mask, must equal GPT-2's
+    computation on the fused weights (float64; a module the reader turned to float32 is accepted). Names the slips:
+    a parameter left as it was, a Conv1D weight copied untransposed, query, key and value in the wrong order."""
+    g = torch.Generator().manual_seed(seed)
+    B, n, d_model, h = 2, 5, 12, 3
+
+    def rand(*shape):
+        return 0.5 * torch.randn(*shape, generator=g, dtype=torch.float64)
+    weights = (rand(d_model, 3 * d_model), rand(3 * d_model), rand(d_model, d_model), rand(d_model))
+    x = rand(B, n, d_model)
+
+    def loaded(x, *weights):                        # the reader's module, loaded by fn, on x
+        with torch.random.fork_rng(devices=[]):
+            mha = MultiHeadAttention(d_model, h, dropout=0.0).to(torch.float64).eval()
+        with torch.no_grad():
+            for p in mha.parameters():
+                p.fill_(float("nan"))               # so that a parameter fn leaves alone shows
+        call_reader(fn, "fn(mha, c_attn_weight, c_attn_bias, c_proj_weight, c_proj_bias)", mha,
+                    *(w.clone() for w in weights))
+        left = [name for name, p in mha.named_parameters() if p.isnan().any()]
+        if left:
+            raise Verdict(f"{', '.join(left)} still hold{'s' if len(left) == 1 else ''} what they held before: "
+                          "every parameter of W_q, W_k, W_v and W_o comes from c_attn or c_proj (the biases too)")
+        with torch.no_grad():
+            return mha(x.to(mha.W_q.weight.dtype), *[x.to(mha.W_q.weight.dtype)] * 2,
+                       causal_mask(n, device=x.device)[None, None])[0]
+
+    def slip(**change):
+        return lambda x, *w: _gpt2_attention(x, *w, h, **change)
+    untransposed = ("a Conv1D weight is the transpose of an nn.Linear weight: Conv1D computes x @ weight, "
+                    "nn.Linear x @ weight.T, so each block must be transposed on the way in")
+    mistakes = {
+        untransposed: [slip(attn_t=True, proj_t=True), slip(attn_t=True), slip(proj_t=True)],
+        "query, key and value are in the wrong order: c_attn's output is [query | key | value], d_model "
+        "features each": [slip(order=o) for o in ((1, 0, 2), (0, 2, 1), (2, 1, 0), (1, 2, 0), (2, 0, 1))],
+        "you reshaped c_attn's weight (d_model, 3 d_model) into nn.MultiheadAttention's (3 d_model, d_model) "
+        "layout; a reshape only re-reads the numbers in memory order, it does not transpose: the three parts are "
+        "blocks of columns of the Conv1D weight": [lambda x, *w, t=t: _gpt2_attention(
+            x, torch.cat([b.T for b in w[0].reshape(3 * d_model, d_model).split(d_model)], 1), *w[1:], h, proj_t=t)
+            for t in (False, True)],
+    }
+    grade(loaded, lambda x, *w: _gpt2_attention(x, *w, h), {"causal self-attention, B = 2, n = 5, d_model = 12, "
+          "h = 3": (x, *weights)}, mistakes, name="your loaded MultiHeadAttention",
+          against="GPT-2's attention on the fused weights", shape="(B, n, d_model) = ")
+    print("check_gpt2_attention: your loaded MultiHeadAttention computes GPT-2's attention")
 
