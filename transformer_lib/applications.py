@@ -2,9 +2,9 @@
 
 # %% auto #0
 __all__ = ['PEOPLE', 'PLACES', 'QA_PLACES', 'OBJECTS', 'MOVES', 'TAKES', 'DROPS', 'SPECIALS', 'WORDS', 'VOCAB', 'ID', 'QA_VOCAB',
-           'QA_ID', 'SUMMARY_VOCAB', 'SUMMARY_ID', 'tell_story', 'make_story', 'answer_text', 'place_of', 'last_place',
-           'nearest_place', 'encode', 'qa_batch', 'span_scores', 'best_spans', 'predict_answers', 'normalize_answer',
-           'exact_match', 'token_f1', 'squad_scores', 'qa_loss', 'train_qa', 'final_state', 'summary_batch',
+           'QA_ID', 'SUMMARY_VOCAB', 'SUMMARY_ID', 'tell_story', 'make_story', 'answer_text', 'normalize_answer',
+           'exact_match', 'token_f1', 'squad_scores', 'place_of', 'last_place', 'nearest_place', 'encode', 'qa_batch',
+           'span_scores', 'best_spans', 'predict_answers', 'qa_loss', 'train_qa', 'final_state', 'summary_batch',
            'summary_example', 'summary_loss', 'train_summarizer']
 
 # %% ../chapters/15_applications.ipynb #c003
@@ -94,6 +94,38 @@ def answer_text(story) -> str:
     sentences, _, (s, first, last) = story
     return " ".join(sentences[s][first:last + 1])
 
+# %% ../chapters/15_applications.ipynb #c15q01
+def normalize_answer(text: str) -> str:
+    """SQuAD's normalisation before comparing answers: lower case, no punctuation, no articles (a, an, the),
+    single spaces."""
+    text = "".join(ch for ch in text.lower() if ch not in string.punctuation)
+    return " ".join(w for w in text.split() if w not in ("a", "an", "the"))
+
+
+def exact_match(prediction: str, truth: str) -> float:
+    """SQuAD's exact match: 1.0 when the normalised answers are equal, else 0.0."""
+    return float(normalize_answer(prediction) == normalize_answer(truth))
+
+
+def token_f1(prediction: str, truth: str) -> float:
+    """SQuAD's F1: the harmonic mean of precision and recall of the normalised answers' words, each word
+    counted at most as often as it occurs in both."""
+    p, t = normalize_answer(prediction).split(), normalize_answer(truth).split()
+    common = sum((Counter(p) & Counter(t)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(p), common / len(t)
+    return 2 * precision * recall / (precision + recall)
+
+
+def squad_scores(predictions, stories) -> dict:
+    """Exact match and F1 (fractions in [0, 1]) of answer texts against the stories' answers, averaged."""
+    truths = [answer_text(story) for story in stories]
+    if len(predictions) != len(truths):
+        raise ValueError(f"predictions must have one answer per story ({len(truths)}), got {len(predictions)}")
+    n = max(len(truths), 1)
+    return {"exact": sum(map(exact_match, predictions, truths)) / n, "f1": sum(map(token_f1, predictions, truths)) / n}
+
 # %% ../chapters/15_applications.ipynb #c009
 def place_of(sentence):
     """The place a move names, with its article ('the back garden'); None for a pick-up or a drop."""
@@ -175,38 +207,6 @@ def predict_answers(model, stories, sentence_segments: bool = True, max_answer_l
     starts, ends = best_spans(span_scores(model, tokens.to(device), segments.to(device)), max_answer_len)
     return [" ".join(QA_VOCAB[t] for t in row[a:b + 1])
             for row, a, b in zip(tokens.tolist(), starts.tolist(), ends.tolist(), strict=True)]
-
-# %% ../chapters/15_applications.ipynb #c15q01
-def normalize_answer(text: str) -> str:
-    """SQuAD's normalisation before comparing answers: lower case, no punctuation, no articles (a, an, the),
-    single spaces."""
-    text = "".join(ch for ch in text.lower() if ch not in string.punctuation)
-    return " ".join(w for w in text.split() if w not in ("a", "an", "the"))
-
-
-def exact_match(prediction: str, truth: str) -> float:
-    """SQuAD's exact match: 1.0 when the normalised answers are equal, else 0.0."""
-    return float(normalize_answer(prediction) == normalize_answer(truth))
-
-
-def token_f1(prediction: str, truth: str) -> float:
-    """SQuAD's F1: the harmonic mean of precision and recall of the normalised answers' words, each word
-    counted at most as often as it occurs in both."""
-    p, t = normalize_answer(prediction).split(), normalize_answer(truth).split()
-    common = sum((Counter(p) & Counter(t)).values())
-    if common == 0:
-        return 0.0
-    precision, recall = common / len(p), common / len(t)
-    return 2 * precision * recall / (precision + recall)
-
-
-def squad_scores(predictions, stories) -> dict:
-    """Exact match and F1 (fractions in [0, 1]) of answer texts against the stories' answers, averaged."""
-    truths = [answer_text(story) for story in stories]
-    if len(predictions) != len(truths):
-        raise ValueError(f"predictions must have one answer per story ({len(truths)}), got {len(predictions)}")
-    n = max(len(truths), 1)
-    return {"exact": sum(map(exact_match, predictions, truths)) / n, "f1": sum(map(token_f1, predictions, truths)) / n}
 
 # %% ../chapters/15_applications.ipynb #c018
 def qa_loss(model, batch):
