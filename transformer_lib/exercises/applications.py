@@ -121,4 +121,4 @@ def check_reader(model, question: str = "person", n: int = 500, seed: int = 10, 
             + ("; was it trained on two-fact questions (train_qa(..., two_fact=0.5))?" if question == "object"
                else "; check init_std, the curriculum (short_steps) and the steps"))
     print(f"check_reader: exact match {scores['exact']:.1%}, F1 {scores['f1']:.1%} on {n} fresh {kind} questions "
-          f"(the better heuristic {best:.1%})")
+          f"(goal {target:.1%}; the better heuristic {best:.1%})")
