@@ -187,7 +187,7 @@ def best_spans(scores, max_answer_len: int = 8, n_best: int = 20):
     """Hugging Face's post-processing of a span head: among the n_best highest start scores and the n_best
     highest end scores, the pair with start <= end < start + max_answer_len and the largest s_start + e_end.
     scores (B, S, 2) -> starts (B,), ends (B,). A row with no valid pair among them gets an end before its start
-    (predict_answers: the empty answer, as Hugging Face's post-processing gives)."""
+    (predict_answers: an empty answer; Hugging Face's post-processing puts a placeholder there)."""
     check_int("max_answer_len", max_answer_len)
     n = min(check_int("n_best", n_best), scores.size(1))
     s, i = scores[..., 0].topk(n, dim=-1)                                     # (B, n) best starts
