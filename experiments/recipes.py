@@ -591,22 +591,22 @@ def count_tokens(model, count) -> list:
 def reader_setup() -> dict:
     """Chapter 15's question-answering reader (section 15.5): the chapter's 1,000 one-fact and 1,000 two-fact
     test stories (random.Random(1234)), which train_qa never trains on, the BertForQuestionAnswering
-    configuration and train_qa's arguments; evaluate: the loss of the answer's position on the one-fact test
-    stories."""
+    configuration and train_qa's arguments; evaluate: span_loss of the answers' first and last positions on the
+    one-fact test stories."""
     import random
 
-    from transformer_lib.applications import VOCAB, make_story, qa_batch, qa_loss
+    from transformer_lib.applications import QA_VOCAB, make_story, qa_batch, qa_loss
     from transformer_lib.bert import BertConfig
     from transformer_lib.training import data_sha256, inference, model_device, to_device
 
     test_rng = random.Random(1234)
     tests = {kind: [make_story(test_rng, question=kind) for _ in range(1000)] for kind in ("person", "object")}
     held_out = {(tuple(map(tuple, s)), tuple(q)) for data in tests.values() for s, q, _ in data}
-    config = BertConfig(vocab_size=len(VOCAB), d_model=64, num_layers=2, num_heads=4, d_ff=256, max_len=80,
+    config = BertConfig(vocab_size=len(QA_VOCAB), d_model=64, num_layers=2, num_heads=4, d_ff=256, max_len=112,
                         dropout=0.0, type_vocab_size=12, init_std=0.2)
     batch = qa_batch(tests["person"])
     return {"config": config, "tests": tests, "held_out": held_out,
-            "data": {"test_stories_sha256": data_sha256(tests), "vocab": list(VOCAB)},
+            "data": {"test_stories_sha256": data_sha256(tests), "vocab": list(QA_VOCAB)},
             "args": {"steps": 3000, "short_steps": 800, "batch_size": 32, "lr": 1e-3, "two_fact": 0.0, "seed": 0,
                      "sentence_segments": True, "eval_every": 500},
             "evaluate": inference(lambda m: qa_loss(m, to_device(batch, model_device(m))).item())}
@@ -614,14 +614,14 @@ def reader_setup() -> dict:
 
 def reader_train(s: dict, device: str = "cpu", stop_after: int | None = None, evaluate=None):
     """Chapter 15's training cell: seed_everything(seed), a fresh BertForQuestionAnswering, train_qa."""
-    from transformer_lib.applications import ID, train_qa
+    from transformer_lib.applications import QA_ID, train_qa
     from transformer_lib.bert import BertForQuestionAnswering
     from transformer_lib.utils import seed_everything
 
     a = s["args"]
     seed_everything(a["seed"])
     model = BertForQuestionAnswering(s["config"]).to(device)
-    tokens = count_tokens(model, lambda ids, segments: (ids != ID["[PAD]"]).sum())
+    tokens = count_tokens(model, lambda ids, segments: (ids != QA_ID["[PAD]"]).sum())
     kwargs = dict(a, exclude=s["held_out"], evaluate=evaluate, stop_after=stop_after)
     history = train_qa(model, **kwargs)
     history["call"] = call_arguments(train_qa, model, skip=("model", "exclude", "evaluate"), **kwargs)
@@ -637,7 +637,7 @@ def reader_first_steps(k: int) -> list:
 @recipe
 def reader(out: str, device: str) -> dict:
     """Chapter 15: the question-answering reader (BertForQuestionAnswering, d_model 64, 2 layers; 3,000 steps of
-    32 fresh one-fact stories, the first 800 on 2-4 sentences)."""
+    32 fresh one-fact stories with multi-word answer spans, the first 800 on 2-4 sentences)."""
     return one_model(out, device, reader_setup(), reader_train, "15_applications",
                      "transformer_lib.applications.train_qa", lambda h: h["tokens_seen"])
 

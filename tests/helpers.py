@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from transformer_lib.applications import PEOPLE, PLACES, VOCAB
+from transformer_lib.applications import OBJECTS, PEOPLE, QA_VOCAB
 
 DT = torch.float64      # the equality proofs run in float64 ...
 ATOL = 1e-12            # ... and agree to this (round-off is about 1e-15)
@@ -114,12 +114,15 @@ def table_tests(tensor_cases, plain_cases, before=None):
 # --- Chapter 15: stories read by an independent replay, and a rule played as a QA model
 
 def replay(sentences):
-    """Where each person is and who holds each object, read off the words alone (independent of tell_story)."""
+    """Where each person is and who holds each object, read off the words alone (independent of tell_story): a
+    sentence whose last word before the '.' is an object is a pick-up or a drop, any other a move whose place is
+    every word after 'went to' (or another two-word verb) and 'the'."""
     where, holder, lying = {}, {}, {}
     for s in sentences:
         person, last = s[0], s[-2]
-        if last in PLACES:
-            where[person] = last
+        if last not in OBJECTS:
+            assert s[3] == "the", s
+            where[person] = " ".join(s[4:-1])
         elif s[1] in ("dropped", "put", "left"):
             del holder[last]
             lying[last] = where[person]
@@ -130,16 +133,17 @@ def replay(sentences):
 
 
 def answer_of(sentences, question):
+    """The true answer of a question, as the story says it: "the " + the place."""
     where, holder, lying = replay(sentences)
     word = question[-2]
     if word in PEOPLE:
-        return where[word]
-    return where[holder[word]] if word in holder else lying[word]
-
+        return "the " + where[word]
+    return "the " + (where[holder[word]] if word in holder else lying[word])
 
 
 class RuleAsModel(nn.Module):
-    """A 'model' whose start scores pick the position a rule answers: its exact match must equal the rule's."""
+    """A 'model' whose span scores pick the span a rule answers (start 1 at its first word, end 1 at its last, in
+    the last move sentence that names it, 0 elsewhere): its exact match must equal the rule's."""
 
     def __init__(self, rule):
         super().__init__()
@@ -148,18 +152,23 @@ class RuleAsModel(nn.Module):
     def forward(self, tokens, segments):
         scores = torch.zeros(*tokens.shape, 2)
         for b in range(tokens.size(0)):
-            words = [VOCAB[i] for i in tokens[b].tolist()]
+            words = [QA_VOCAB[i] for i in tokens[b].tolist()]
             sep = words.index("[SEP]")
             question, story = words[1:sep], words[sep + 1:]
-            sentences, current = [], []
-            for w in story:
+            sentences, current, offsets = [], [], []
+            for k, w in enumerate(story):
                 if w in ("[SEP]", "[PAD]"):
                     break
+                if not current:
+                    offsets.append(k)
                 current.append(w)
                 if w == ".":
                     sentences.append(current)
                     current = []
-            scores[b, sep + 1 + story.index(self.rule(sentences, question)), 0] = 1.0
+            answer = self.rule(sentences, question)
+            k = max(k for k, s in enumerate(sentences) if " ".join(s[3:-1]) == answer and s[-2] not in OBJECTS)
+            start = sep + 1 + offsets[k] + 3
+            scores[b, start, 0] = scores[b, start + len(answer.split()) - 1, 1] = 1.0
         return scores + self.dummy
 
 

@@ -18,7 +18,7 @@ from test_api import host_reads
 
 import transformer_lib
 from transformer_lib import validation
-from transformer_lib.applications import VOCAB, make_story, predict_answers, qa_batch, train_qa
+from transformer_lib.applications import QA_VOCAB, make_story, predict_answers, qa_batch, train_qa
 from transformer_lib.attention import padding_mask
 from transformer_lib.bert import (
     BertClassifier,
@@ -289,16 +289,16 @@ def test_the_library_has_one_training_loop():
 
 def test_train_qa_and_predict_answers_leave_the_mode_they_found():
     torch.manual_seed(0)
-    model = BertForQuestionAnswering(BertConfig(vocab_size=len(VOCAB), d_model=16, num_layers=1, num_heads=2,
-                                                d_ff=32, max_len=80, type_vocab_size=12)).eval()
+    model = BertForQuestionAnswering(BertConfig(vocab_size=len(QA_VOCAB), d_model=16, num_layers=1, num_heads=2,
+                                                d_ff=32, max_len=112, type_vocab_size=12)).eval()
     history = train_qa(model, steps=4, short_steps=2, batch_size=4)
     assert len(history["loss"]) == 4 and not model.training
     import random
     stories = [make_story(random.Random(1)) for _ in range(3)]
     predict_answers(model.train(), stories)
     assert model.training
-    tokens, segments, _ = qa_batch(stories)
-    assert tokens.shape == segments.shape
+    tokens, segments, starts, ends = qa_batch(stories)
+    assert tokens.shape == segments.shape and starts.shape == ends.shape == (3,)
 
 
 # ------------------------------------------------------------------------------ mask=None: one meaning

@@ -1,22 +1,32 @@
 """Chapter 15's graders (transformer_lib.exercises.applications): correct answers pass, and typical mistakes are
-caught with a message that names them. check_reader is tested with rules played as models (tests/test_applications)."""
+caught with a message that names them. check_reader is tested with rules played as models (tests/helpers.py)."""
 
 from collections import Counter
 
 import pytest
+import torch
 from helpers import RuleAsModel, answer_of, grader_row
 
-from transformer_lib.applications import PLACES, last_place, nearest_place
+from transformer_lib.applications import QA_PLACES, last_place, nearest_place
 from transformer_lib.exercises.applications import (
+    check_best_span,
     check_reader,
     check_rouge1,
-    check_where_is,
     check_where_is_object,
 )
 
 
-def where_is(sentences, person):
-    return [s[-2] for s in sentences if s[0] == person and s[-2] in PLACES][-1]
+def best_span(s, e, max_answer_len):
+    pairs = [((s[i] + e[j]).item(), i, j) for i in range(len(s)) for j in range(i, min(i + max_answer_len, len(s)))]
+    return max(pairs)[1:]
+
+
+def best_span_tensor(s, e, max_answer_len):            # vectorised, returning 0-dim tensors, in float32
+    S = s.size(0)
+    i, j = torch.meshgrid(torch.arange(S), torch.arange(S), indexing="ij")
+    total = (s[:, None] + e[None, :]).masked_fill(~((j >= i) & (j < i + max_answer_len)), float("-inf"))
+    k = total.flatten().argmax()
+    return k // S, k % S
 
 
 def where_is_object(sentences, obj):
@@ -29,32 +39,39 @@ def rouge1_f(prediction, reference):
     return 2 * p * r / (p + r) if overlap else 0.0
 
 
-def test_check_reader_passes_a_perfect_reader_and_names_the_rule_a_weak_one_follows(capsys):
+def test_check_reader_passes_a_perfect_reader_and_names_the_heuristic_a_weak_one_follows(capsys):
     check_reader(RuleAsModel(answer_of), n=100)
     check_reader(RuleAsModel(answer_of), question="object", n=100)
-    assert capsys.readouterr().out.count("check_reader:") == 2
-    with pytest.raises(AssertionError, match="agree with the rule 'the last place in the story' on 100.0%.*learned "
-                                             "that rule"):
+    assert capsys.readouterr().out.count("check_reader: exact match 100.0%, F1 100.0%") == 2
+    with pytest.raises(AssertionError, match="agree with the heuristic 'the last place in the story' on 100.0%.*"
+                                             "learned that heuristic"):
         check_reader(RuleAsModel(last_place), n=100)
     with pytest.raises(AssertionError, match="before the question's word' on 100.0%.*two_fact=0.5"):
         check_reader(RuleAsModel(nearest_place), question="object", n=100)
+    with pytest.raises(AssertionError, match=r"exact match is .*goal: 99.9%"):
+        check_reader(RuleAsModel(nearest_place), n=100, goal=0.999)
     with pytest.raises(ValueError, match="question must be 'person' or 'object', got 'place'"):
         check_reader(RuleAsModel(answer_of), question="place")
 
 
 GRADERS = [
-    grader_row(check_where_is, correct=[where_is], mistakes=[
-        (lambda sentences, person: nearest_place(sentences, ["where", "is", person, "?"]), "MOVES the person"),
-        (lambda sentences, person: last_place(sentences, None),
-         r"where_is\(story, '\w+'\) returned '\w+', but the answer is the"),
-        (lambda sentences, person: [s[-2] for s in sentences if s[0] == person and s[-2] in PLACES][0],  # the first move
-         r"returned '\w+', but the answer is the .*the last sentence that MOVES the person decides"),
+    grader_row(check_best_span, correct=[best_span, best_span_tensor,
+                                         lambda s, e, L: tuple(float(x) for x in best_span(s, e, L))], mistakes=[
+        (lambda s, e, L: (s.argmax(), e.argmax()), r"ends before it starts|positions long"),   # separately
+        (lambda s, e, L: best_span(s, e, L + 3), r"positions long .*at most max_answer_len = 8"),
+        (lambda s, e, L: (int(s.argmax()), int(s.argmax()) + int(e[int(s.argmax()):int(s.argmax()) + L].argmax())),
+         r"you fixed the start at the best start score"),
+        (lambda s, e, L: (0, 0), r"a span outside the story"),
+        (lambda s, e, L: 3, r"must return two positions"),
     ]),
-    grader_row(check_where_is_object, correct=[where_is_object], mistakes=[
+    grader_row(check_where_is_object, correct=[where_is_object,
+                                               lambda s, o: where_is_object(s, o).removeprefix("the ")], mistakes=[
         (lambda sentences, obj: nearest_place(sentences, ["where", "is", "the", obj, "?"]),
-         "follow the person who last picked it up"),
-        (lambda sentences, obj: last_place(sentences, None), "follow the person who last picked it up"),
-        (lambda sentences, obj: PLACES[0], r"returned '\w+', but the answer is the"),              # a constant
+         "the person who took it may have moved since"),
+        (lambda sentences, obj: last_place(sentences, None), r"returned 'the [a-z ]+', but the answer is"),
+        (lambda sentences, obj: "the " + QA_PLACES[0], r"returned 'the kitchen', but the answer is"),   # a constant
+        (lambda sentences, obj: where_is_object(sentences, obj).split()[-1],     # the place's last word only
+         "a place is every word after the verb of a move"),
     ]),
     grader_row(check_rouge1, correct=[rouge1_f, lambda p, r: float(rouge1_f(p, r))], mistakes=[   # any real number type
         (lambda p, r: 2 * sum(w in r for w in p) / (len(p) + len(r)),

@@ -62,11 +62,12 @@ def check_vit(result, seeds, steps, shuffle_steps):
     assert all(0.0 <= r["accuracy"] <= 1.0 for r in runs)
 
 
-def check_qa(result, seeds, steps):
+def check_qa(result, seeds, steps, conditions):
     runs = result["runs"]
-    assert result["seeds"] == seeds and result["steps"] == steps
-    assert [r["seed"] for r in runs] == seeds
-    assert all(0.0 <= r[kind] <= 1.0 for r in runs for kind in ("person", "object"))
+    assert result["seeds"] == seeds and result["steps"] == steps and result["conditions"] == conditions
+    assert [(r["condition"], r["seed"]) for r in runs] == [(c, s) for c in conditions for s in seeds]
+    assert all(0.0 <= r[f"{kind} {m}"] <= 1.0 for r in runs for kind in ("person", "object") for m in ("exact", "f1"))
+    assert all(r[f"{kind} exact"] <= r[f"{kind} f1"] for r in runs for kind in ("person", "object"))
 
 
 def check_ablation(result, seeds, steps):
@@ -115,25 +116,29 @@ def test_vit_seeds_runs(tmp_path):
     check_vit(result, [3], 2, 3)
 
 
-def test_qa_seeds_runs(tmp_path):
-    result = run_script("qa_seeds", tmp_path, "--seeds", "3", "--steps", "4", "--short-steps", "2", "--test-size", "20")
-    check_qa(result, [3], 4)
+def test_qa_ablation_runs(tmp_path):
+    conditions = ["recipe", "two segments", "two-fact mix, 4 layers"]
+    result = run_script("qa_ablation", tmp_path, "--seeds", "3", "--steps", "4", "--short-steps", "2",
+                        "--test-size", "20", "--conditions", *conditions)
+    check_qa(result, [3], 4, conditions)
     assert result["test_size"] == 20 and result["short_steps"] == 2
+    assert [r["changes"] for r in result["runs"]] == [{}, {"sentence_segments": False},
+                                                      {"num_layers": 4, "two_fact": 0.5}]
 
 
-def test_qa_seeds_uses_the_chapters_test_stories():
+def test_qa_ablation_uses_the_chapters_test_stories():
     """The script's held-out stories are Chapter 15's (random.Random(1234), 1,000 of each kind, drawn in the
     order the chapter draws them): the chapter asserts that its seed 0 is the run it trains live."""
     import random
 
     from transformer_lib.applications import make_story
-    tests, held_out = load_script("qa_seeds").chapter_tests(5)
+    tests, held_out = load_script("qa_ablation").chapter_tests(5)
     rng = random.Random(1234)
     assert tests == {kind: [make_story(rng, question=kind) for _ in range(5)] for kind in ("person", "object")}
     assert len(held_out) == 10 and all(isinstance(s, tuple) and isinstance(q, tuple) for s, q in held_out)
 
 
-@pytest.mark.parametrize("name", ["ablation", "t5_tasks", "vit_seeds", "qa_seeds"])
+@pytest.mark.parametrize("name", ["ablation", "t5_tasks", "vit_seeds", "qa_ablation"])
 def test_committed_results_match_the_scripts_defaults(name):
     result = json.loads((RESULTS / f"{name}.json").read_text())
     args = defaults(name)
@@ -146,9 +151,9 @@ def test_committed_results_match_the_scripts_defaults(name):
         assert result["test_size"] == args["test_size"] == 500       # every held-out number scored
         assert args["tokenizer_numbers"] == 64_000                    # the chapter's tokenizer, from all its numbers
         check_ablation(result, args["seeds"], args["steps"])
-    elif name == "qa_seeds":
+    elif name == "qa_ablation":
         assert (result["short_steps"], result["batch"], result["lr"], result["test_size"]) == \
             (args["short_steps"], args["batch"], args["lr"], args["test_size"]) == (800, 32, 1e-3, 1000)
-        check_qa(result, args["seeds"], args["steps"])
+        check_qa(result, args["seeds"], args["steps"], args["conditions"])
     else:
         check_vit(result, args["seeds"], args["steps"], args["shuffle_steps"])
