@@ -207,3 +207,19 @@ def test_pretraining_and_fine_tuning_learn_and_stop_after_their_first_steps():
     assert len(out) == 8 and all(isinstance(s, str) for s in out)
     cut = [bpe.decode(bpe.encode(p["summary"]).ids[:3]) for p in pairs[:2]]     # max_summary=4: 3 tokens and EOS
     assert out[:2] == cut == ["Read a", "Add number"]                             # it learned the two summaries
+
+
+def test_check_span_corruption_passes_the_chapters_function_and_names_mistakes():
+    from transformer_lib.exercises.applications import check_span_corruption
+
+    check_span_corruption(span_corruption)
+    mistakes = {
+        "must each end with EOS": lambda ids, rng: (span_corruption(ids, rng)[0][:-1], span_corruption(ids, rng)[1]),
+        "then one more sentinel": lambda ids, rng: (lambda x, y: (x, y[:-2] + [EOS]))(*span_corruption(ids, rng)),
+        "mean span length is 1.00": lambda ids, rng: span_corruption(ids, rng, mean_span_length=1.0),
+        "tokens dropped": lambda ids, rng: span_corruption(ids, rng, noise_density=0.3),
+        "does not give the sequence back": lambda ids, rng: (lambda x, y: (x[:1] + x[2:], y))(*span_corruption(ids, rng)),
+    }
+    for message, corrupt in mistakes.items():
+        with pytest.raises(AssertionError, match=message):
+            check_span_corruption(corrupt)
