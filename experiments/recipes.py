@@ -642,41 +642,50 @@ def reader(out: str, device: str) -> dict:
                      "transformer_lib.applications.train_qa", lambda h: h["tokens_seen"])
 
 
+@functools.cache
 def docstring_data() -> dict:
-    """Chapter 15's summarization data (section 15.6): the shipped docstring pairs split by module, the shipped
-    tokenizer, and the pre-training stream (the sources of the modules that are not test modules: it is read from
-    the running Python's standard library, which must be the book's, DOCSTRING_PYTHON)."""
+    """Chapter 15's summarization data (section 15.6): the shipped docstring pairs split by module and encoded by
+    the shipped tokenizer."""
+    from transformer_lib.applications import (
+        encode_pairs,
+        is_test_module,
+        load_docstring_bpe,
+        shipped,
+        shipped_pairs,
+    )
+    from transformer_lib.training import data_sha256
+
+    pairs = shipped_pairs()
+    train = [p for p in pairs if not is_test_module(p["module"])]
+    test = [p for p in pairs if is_test_module(p["module"])]
+    assert not {p["module"] for p in train} & {p["module"] for p in test}
+    bpe = load_docstring_bpe()
+    return {"pairs": pairs, "train": train, "test": test, "bpe": bpe,
+            "train_tensors": encode_pairs(bpe, train), "test_tensors": encode_pairs(bpe, test),
+            "data": {"pairs_sha256": data_sha256(pairs), "test_modules": sorted({p["module"] for p in test}),
+                     "tokenizer_sha256": file_sha256(shipped("docstring_bpe.json"))}}
+
+
+def pretraining_stream(bpe) -> tuple:
+    """The pre-training stream (the sources of the modules that are not test modules) and the 64 corrupted windows
+    of the test modules' source that measure it (random.Random(1)). Read from the running Python's standard
+    library, which must be the book's, DOCSTRING_PYTHON."""
     import platform
     import random
 
     from transformer_lib.applications import (
         DOCSTRING_PYTHON,
         corrupted_windows,
-        encode_pairs,
         encode_stream,
-        is_test_module,
-        load_docstring_bpe,
         pretraining_texts,
-        shipped,
-        shipped_pairs,
     )
-    from transformer_lib.training import data_sha256
 
     if platform.python_version() != DOCSTRING_PYTHON:
-        raise RuntimeError(f"the summarization recipes read the standard library of Python {DOCSTRING_PYTHON}, "
+        raise RuntimeError(f"the docstring_t5 recipe reads the standard library of Python {DOCSTRING_PYTHON}, "
                            f"this is {platform.python_version()}")
-    pairs = shipped_pairs()
-    train = [p for p in pairs if not is_test_module(p["module"])]
-    test = [p for p in pairs if is_test_module(p["module"])]
-    assert not {p["module"] for p in train} & {p["module"] for p in test}
-    bpe = load_docstring_bpe()
-    stream = encode_stream(bpe, pretraining_texts())           # no test module's file (pretraining_texts)
+    stream = encode_stream(bpe, pretraining_texts())                  # no test module's file (pretraining_texts)
     heldout = encode_stream(bpe, pretraining_texts(held_out=True))   # the test modules' source
-    return {"pairs": pairs, "train": train, "test": test, "bpe": bpe, "stream": stream,
-            "heldout_batch": corrupted_windows(heldout, 64, 128, random.Random(1)),
-            "train_tensors": encode_pairs(bpe, train), "test_tensors": encode_pairs(bpe, test),
-            "data": {"pairs_sha256": data_sha256(pairs), "test_modules": sorted({p["module"] for p in test}),
-                     "tokenizer_sha256": file_sha256(shipped("docstring_bpe.json"))}}
+    return stream, corrupted_windows(heldout, 64, 128, random.Random(1))
 
 
 DOCSTRING_CONFIG = dict(vocab_size=2048, d_model=128, num_heads=4, d_ff=512, num_layers=2, num_decoder_layers=2,
@@ -691,9 +700,9 @@ def docstring_t5_setup() -> dict:
     from transformer_lib.training import data_sha256, inference, model_device, to_device
 
     d = docstring_data()
-    batch = d["heldout_batch"]
-    return {"config": T5Config(**DOCSTRING_CONFIG, dropout=0.0), "stream": d["stream"],
-            "data": {**d["data"], "stream_sha256": data_sha256(d["stream"]), "stream_tokens": len(d["stream"]),
+    stream, batch = pretraining_stream(d["bpe"])
+    return {"config": T5Config(**DOCSTRING_CONFIG, dropout=0.0), "stream": stream,
+            "data": {**d["data"], "stream_sha256": data_sha256(stream), "stream_tokens": len(stream),
                      "heldout_sha256": data_sha256([t.tolist() for t in batch])},
             "args": {"steps": 2000, "batch_size": 32, "length": 128, "lr": 2e-3, "warmup_steps": 200, "seed": 0,
                      "eval_every": 400},

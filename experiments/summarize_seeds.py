@@ -2,7 +2,7 @@
 fine-tuned on the docstring pairs, against the same T5 trained on the pairs alone (from scratch); ROUGE-1/2/L and
 exact match of their greedy summaries of the test modules' docstrings.
 
-    .venv/bin/python experiments/summarize_seeds.py [--seeds 0 1 2] [--json transformer_lib/results/summarize_seeds.json]
+    .venv/bin/python experiments/summarize_seeds.py [--seeds 0 1 2] [--steps 400] [--json transformer_lib/results/summarize_seeds.json]
 
 Everything is Chapter 15's (experiments/recipes.py's writer recipe): the shipped pairs split by module, the shipped
 tokenizer, the T5 of d_model 128 with 2 + 2 layers, finetune_t5's arguments; only the starting weights differ
@@ -30,8 +30,16 @@ def recipes():
     return module
 
 
+def make_parser():
+    """The script's arguments; their defaults are what the committed results were run with."""
+    parser = seeds_parser(__doc__)
+    parser.add_argument("--steps", type=int, default=recipes().writer_args(True)["steps"],
+                        help="fine-tuning steps (default: the writer recipe's)")
+    return parser
+
+
 def main(argv=None):
-    args = seeds_parser(__doc__).parse_args(argv)
+    args = make_parser().parse_args(argv)
     r = recipes()
     d = r.docstring_data()
     (src, labels), references = d["test_tensors"], [p["summary"] for p in d["test"]]
@@ -39,7 +47,7 @@ def main(argv=None):
     runs = []
     for seed in args.seeds:
         for pretrained in (True, False):
-            a = r.writer_args(pretrained, seed)
+            a = {**r.writer_args(pretrained, seed), "steps": args.steps}
             model = r.summarizer(config, a.pop("pretrained"), seed)
             start = time.perf_counter()
             finetune_t5(model, *d["train_tensors"], **a)
@@ -48,7 +56,8 @@ def main(argv=None):
             loss = inference(lambda m: t5_loss(m, (src, labels)).item())(model)
             log(runs, {"seed": seed, "pretrained": pretrained, "test_loss": loss,
                        **summary_scores(predictions, references), "seconds": seconds})
-    settings = {"finetune": {k: v for k, v in r.writer_args(True).items() if k not in ("seed", "pretrained")},
+    settings = {"finetune": {k: v for k, v in {**r.writer_args(True), "steps": args.steps}.items()
+                             if k not in ("seed", "pretrained")},
                 "config": {**r.DOCSTRING_CONFIG, "dropout": 0.1}, "test_pairs": len(references),
                 "train_pairs": len(d["train"]), "pairs_sha256": d["data"]["pairs_sha256"], "seeds": args.seeds}
     return write_results("experiments/summarize_seeds.py", settings, runs, args.json)

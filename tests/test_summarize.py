@@ -223,3 +223,34 @@ def test_check_span_corruption_passes_the_chapters_function_and_names_mistakes()
     for message, corrupt in mistakes.items():
         with pytest.raises(AssertionError, match=message):
             check_span_corruption(corrupt)
+
+
+def test_summarize_seeds_runs_and_its_committed_results_match_its_defaults(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "summarize_seeds.json"
+    run = subprocess.run([sys.executable, str(root / "experiments" / "summarize_seeds.py"), "--seeds", "3", "--steps", "2",
+                          "--json", str(out)], capture_output=True, text=True, cwd=root, timeout=600,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert [(r["seed"], r["pretrained"]) for r in result["runs"]] == [(3, True), (3, False)]
+    assert result["finetune"]["steps"] == 2 and result["test_pairs"] == 248
+    committed = json.loads((root / "transformer_lib" / "results" / "summarize_seeds.json").read_text())
+    sys.path.insert(0, str(root / "experiments"))
+    try:
+        from summarize_seeds import make_parser
+    finally:
+        sys.path.remove(str(root / "experiments"))
+    defaults = vars(make_parser().parse_args([]))
+    assert committed["script"] == "experiments/summarize_seeds.py" and len(defaults["seeds"]) >= 3
+    assert committed["seeds"] == defaults["seeds"] and committed["finetune"]["steps"] == defaults["steps"]
+    assert [(r["seed"], r["pretrained"]) for r in committed["runs"]] == \
+        [(s, p) for s in defaults["seeds"] for p in (True, False)]
+    for r in committed["runs"]:
+        assert all(0 <= r[k] <= 100 for k in ("rouge1", "rouge2", "rougeL", "exact"))
