@@ -741,7 +741,7 @@ def docstring_t5(out: str, device: str) -> dict:
 
 def writer_args(pretrained: bool, seed: int = 0) -> dict:
     """finetune_t5's arguments of Chapter 15's summarizers: the same for the pre-trained and the from-scratch T5."""
-    return {"steps": 400, "batch_size": 32, "lr": 1e-3, "warmup_steps": 40, "seed": seed, "eval_every": 100,
+    return {"steps": 400, "batch_size": 32, "lr": 3e-3, "warmup_steps": 40, "seed": seed, "eval_every": 100,
             "pretrained": "docstring_t5" if pretrained else None}
 
 
