@@ -762,15 +762,17 @@ def writer_setup() -> dict:
 
 
 def summarizer(config, pretrained, seed: int, device: str = "cpu"):
-    """seed_everything(seed), a fresh T5(config), and the weights of recipe `pretrained` in it unless None."""
+    """seed_everything(seed), a fresh T5(config), and the weights of recipe `pretrained` in it unless None (read
+    first: loading builds a model, which must not draw from the seeded generator that dropout then uses)."""
     from transformer_lib.t5 import T5
     from transformer_lib.training import load_recipe
     from transformer_lib.utils import seed_everything
 
+    weights = load_recipe(pretrained)[0].state_dict() if pretrained else None
     seed_everything(seed)
     model = T5(config)
-    if pretrained:
-        model.load_state_dict(load_recipe(pretrained)[0].state_dict())
+    if weights is not None:
+        model.load_state_dict(weights)
     return model.to(device)
 
 
