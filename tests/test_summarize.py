@@ -254,3 +254,14 @@ def test_summarize_seeds_runs_and_its_committed_results_match_its_defaults(tmp_p
         [(s, p) for s in defaults["seeds"] for p in (True, False)]
     for r in committed["runs"]:
         assert all(0 <= r[k] <= 100 for k in ("rouge1", "rouge2", "rougeL", "exact"))
+
+
+def test_the_shipped_data_is_package_data():
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    shipped_files = {p.name for p in (root / "transformer_lib" / "datasets").iterdir()}
+    assert shipped_files == {"docstring_pairs.json.gz", "docstring_bpe.json"}
+    assert {"datasets/*.json", "datasets/*.json.gz"} <= set(patterns["transformer_lib"])
