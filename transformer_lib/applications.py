@@ -8,7 +8,7 @@ __all__ = ['PEOPLE', 'PLACES', 'OBJECTS', 'MOVES', 'TAKES', 'DROPS', 'SPECIALS',
            'extract_pairs', 'is_test_module', 'shipped', 'shipped_pairs', 'pretraining_texts', 'final_state',
            'lead_sentence', 'name_words', 'nearest_summaries', 'summary_scores', 'train_docstring_bpe',
            'load_docstring_bpe', 'random_segmentation', 'span_corruption', 'encode_stream', 'pad_rows',
-           'corrupted_windows', 'pretrain_t5', 'encode_pairs', 'finetune_t5', 'summarize']
+           'corrupted_windows', 'pretrain_t5', 'encode_pairs', 'finetune_t5', 'generate_no_repeat', 'summarize']
 
 # %% ../chapters/15_applications.ipynb #c003
 import random
@@ -458,11 +458,40 @@ def finetune_t5(model: T5, src, labels, steps: int, batch_size: int = 32, lr: fl
                evaluate=evaluate, eval_every=eval_every, progress=False, stop_after=stop_after)
 
 
-@torch.no_grad()
-def summarize(model: T5, tokenizer, src, max_new_tokens: int = 48, batch_size: int = 256) -> list:
-    """Greedy summaries (t5_generate) of the bodies src (N, S) from encode_pairs -> N strings."""
+@inference
+def generate_no_repeat(model: T5, src, max_new_tokens: int, n: int = 3):
+    """Greedy decoding that never writes the same n-gram twice (Hugging Face's no_repeat_ngram_size, the usual
+    setting of its summarization models): at each step, every token that would complete an n-gram already in the
+    row's output is ruled out. The decoder re-reads the whole prefix at each step (no cache: short outputs).
+    src (B, S) -> (B, <= max_new_tokens) ids without the start token; after a row's EOS, PAD."""
+    c = model.config
+    check_int("n", n, 1)
+    src_mask = model.make_src_mask(src)
+    memory = model.encode(src, src_mask)                                     # (B, S, d)
+    out = torch.full((src.size(0), 1), c.pad_id, dtype=torch.long, device=src.device)   # the start token
+    done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
+    for _ in range(check_int("max_new_tokens", max_new_tokens)):
+        logits = model.generator(model.decode(out, memory, src_mask))[:, -1]  # (B, V): the next token's
+        for b, row in enumerate(out[:, 1:].tolist()):
+            tail = tuple(row[len(row) - n + 1:]) if n > 1 else ()
+            banned = [row[i + n - 1] for i in range(len(row) - n + 1) if tuple(row[i:i + n - 1]) == tail]
+            logits[b, banned] = -math.inf
+        token = logits.argmax(-1).masked_fill(done, c.pad_id)               # (B,)
+        out = torch.cat([out, token[:, None]], dim=1)
+        done |= token == c.eos_id
+        if done.all():
+            break
+    return out[:, 1:]
+
+
+def summarize(model: T5, tokenizer, src, max_new_tokens: int = 48, no_repeat: int | None = 3,
+              batch_size: int = 256) -> list:
+    """Greedy summaries of the bodies src (N, S) from encode_pairs -> N strings: generate_no_repeat (n-grams of
+    no_repeat tokens written at most once), or t5_generate (plain greedy) with no_repeat=None."""
     out = []
     for i in range(0, len(src), batch_size):
-        rows = t5_generate(model, src[i:i + batch_size].to(model_device(model)), max_new_tokens).tolist()
-        out += [tokenizer.decode(row[:row.index(EOS)] if EOS in row else row) for row in rows]
+        batch = src[i:i + batch_size].to(model_device(model))
+        ids = (t5_generate(model, batch, max_new_tokens) if no_repeat is None
+               else generate_no_repeat(model, batch, max_new_tokens, no_repeat))
+        out += [tokenizer.decode(row[:row.index(EOS)] if EOS in row else row) for row in ids.tolist()]
     return out
