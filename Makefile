@@ -247,7 +247,7 @@ test-gpu: venv
 bench: venv
 	$(BIN)/python benchmarks/bench.py --json _build/bench.json
 
-# Not part of `make test`: the experiments that run several seeds, too long for CI (about half an hour: t5_tasks,
+# Not part of `make test`: the experiments that run several seeds, too long for CI (about an hour: t5_tasks,
 # ablation, qa_seeds and summarize_seeds one after the other beside vit_seeds, one CPU thread each). Each writes a JSON into
 # transformer_lib/results/, which a chapter prints and asserts on.
 # Commit the JSON files with the chapter re-executed (see CONTRIBUTING.md, "Experiments over several seeds").

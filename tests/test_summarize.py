@@ -19,6 +19,7 @@ from transformer_lib.applications import (
     encode_pairs,
     extract_pairs,
     finetune_t5,
+    generate_no_repeat,
     is_test_module,
     keep_pair,
     lead_sentence,
@@ -36,7 +37,7 @@ from transformer_lib.applications import (
     top_module,
 )
 from transformer_lib.bert import IGNORE_INDEX
-from transformer_lib.t5 import T5, T5Config
+from transformer_lib.t5 import T5, T5Config, t5_generate
 
 SOURCE = '''"""A module.
 
@@ -265,3 +266,24 @@ def test_the_shipped_data_is_package_data():
     shipped_files = {p.name for p in (root / "transformer_lib" / "datasets").iterdir()}
     assert shipped_files == {"docstring_pairs.json.gz", "docstring_bpe.json"}
     assert {"datasets/*.json", "datasets/*.json.gz"} <= set(patterns["transformer_lib"])
+
+
+def test_generate_no_repeat_never_writes_an_ngram_twice_and_is_greedy_otherwise():
+    model = tiny_t5()
+    src = torch.randint(40, 2048, (6, 9))
+    plain = t5_generate(model, src, 12)
+    assert torch.equal(generate_no_repeat(model, src, 12, n=13), plain)        # no 13-gram fits in 12 tokens
+    for n in (1, 2, 3):
+        for row in generate_no_repeat(model, src, 12, n=n).tolist():
+            row = row[:row.index(EOS)] if EOS in row else row
+            grams = [tuple(row[i:i + n]) for i in range(len(row) - n + 1)]
+            assert len(grams) == len(set(grams))
+    assert model.training                                                      # the caller's mode, restored
+
+
+@pytest.mark.skipif(platform.python_version() != DOCSTRING_PYTHON, reason="another Python's standard library")
+def test_the_shipped_tokenizer_is_what_train_docstring_bpe_makes_of_this_pythons_library():
+    from transformer_lib.applications import shipped, train_docstring_bpe
+
+    expected = shipped("docstring_bpe.json").read_text(encoding="utf-8")
+    assert train_docstring_bpe(pretraining_texts(), 2048).to_str() == expected
