@@ -48,6 +48,7 @@ def main(argv=None):
     for seed in args.seeds:
         for pretrained in (True, False):
             a = {**r.writer_args(pretrained, seed), "steps": args.steps}
+            a["warmup_steps"] = min(a["warmup_steps"], max(1, args.steps // 10))   # the recipe's 40 of 400 steps
             model = r.summarizer(config, a.pop("pretrained"), seed)
             start = time.perf_counter()
             finetune_t5(model, *d["train_tensors"], **a)
@@ -56,8 +57,7 @@ def main(argv=None):
             loss = inference(lambda m: t5_loss(m, (src, labels)).item())(model)
             log(runs, {"seed": seed, "pretrained": pretrained, "test_loss": loss,
                        **summary_scores(predictions, references), "seconds": seconds})
-    settings = {"finetune": {k: v for k, v in {**r.writer_args(True), "steps": args.steps}.items()
-                             if k not in ("seed", "pretrained")},
+    settings = {"finetune": {k: v for k, v in a.items() if k != "seed"},
                 "config": {**r.DOCSTRING_CONFIG, "dropout": 0.1}, "test_pairs": len(references),
                 "train_pairs": len(d["train"]), "pairs_sha256": d["data"]["pairs_sha256"], "seeds": args.seeds}
     return write_results("experiments/summarize_seeds.py", settings, runs, args.json)
