@@ -247,8 +247,8 @@ test-gpu: venv
 bench: venv
 	$(BIN)/python benchmarks/bench.py --json _build/bench.json
 
-# Not part of `make test`: the experiments that run several seeds, too long for CI (about half an hour: t5_tasks,
-# ablation and qa_ablation one after the other beside vit_seeds, one CPU thread each). Each writes a JSON into
+# Not part of `make test`: the experiments that run several seeds, too long for CI (about two hours: t5_tasks,
+# ablation, qa_ablation and summarize_seeds one after the other beside vit_seeds, one CPU thread each). Each writes a JSON into
 # transformer_lib/results/, which a chapter prints and asserts on.
 # Commit the JSON files with the chapter re-executed (see CONTRIBUTING.md, "Experiments over several seeds").
 # `make recipes` (part of `make experiments`): train the book's committed models once, one CPU thread each, and write
@@ -261,7 +261,8 @@ RESULTS := transformer_lib/results
 experiments: venv recipes
 	(OMP_NUM_THREADS=1 $(BIN)/python experiments/t5_tasks.py --json $(RESULTS)/t5_tasks.json && \
 	    OMP_NUM_THREADS=1 $(BIN)/python experiments/ablation.py --json $(RESULTS)/ablation.json && \
-	    OMP_NUM_THREADS=1 $(BIN)/python experiments/qa_ablation.py --json $(RESULTS)/qa_ablation.json) & \
+	    OMP_NUM_THREADS=1 $(BIN)/python experiments/qa_ablation.py --json $(RESULTS)/qa_ablation.json && \
+	    OMP_NUM_THREADS=1 $(BIN)/python experiments/summarize_seeds.py --json $(RESULTS)/summarize_seeds.json) & \
 	    OMP_NUM_THREADS=1 $(BIN)/python experiments/vit_seeds.py --json $(RESULTS)/vit_seeds.json; \
 	    status=$$?; wait $$! && exit $$status
 

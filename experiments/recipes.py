@@ -643,48 +643,150 @@ def reader(out: str, device: str) -> dict:
 
 
 @functools.cache
-def writer_setup() -> dict:
-    """Chapter 15's summarizer (section 15.6): the chapter's 500 test stories (random.Random(1_000_000)), which
-    train_summarizer never trains on, the T5 configuration and train_summarizer's arguments; evaluate: the
-    teacher-forced loss of the reference summaries of the test stories."""
+def docstring_data() -> dict:
+    """Chapter 15's summarization data (section 15.6): the shipped docstring pairs split by module and encoded by
+    the shipped tokenizer."""
+    from transformer_lib.applications import (
+        encode_pairs,
+        is_test_module,
+        load_docstring_bpe,
+        shipped,
+        shipped_pairs,
+    )
+    from transformer_lib.training import data_sha256
+
+    pairs = shipped_pairs()
+    train = [p for p in pairs if not is_test_module(p["module"])]
+    test = [p for p in pairs if is_test_module(p["module"])]
+    assert not {p["module"] for p in train} & {p["module"] for p in test}
+    bpe = load_docstring_bpe()
+    return {"pairs": pairs, "train": train, "test": test, "bpe": bpe,
+            "train_tensors": encode_pairs(bpe, train), "test_tensors": encode_pairs(bpe, test),
+            "data": {"pairs_sha256": data_sha256(pairs), "test_modules": sorted({p["module"] for p in test}),
+                     "tokenizer_sha256": file_sha256(shipped("docstring_bpe.json"))}}
+
+
+def pretraining_stream(bpe) -> tuple:
+    """The pre-training stream (the sources of the modules that are not test modules) and the 64 corrupted windows
+    of the test modules' source that measure it (random.Random(1)). Read from the running Python's standard
+    library, which must be the book's, DOCSTRING_PYTHON."""
+    import platform
     import random
 
     from transformer_lib.applications import (
-        SUMMARY_ID,
-        SUMMARY_VOCAB,
-        summary_batch,
-        summary_example,
-        summary_loss,
+        DOCSTRING_PYTHON,
+        corrupted_windows,
+        encode_stream,
+        pretraining_texts,
     )
-    from transformer_lib.t5 import T5Config
+
+    if platform.python_version() != DOCSTRING_PYTHON:
+        raise RuntimeError(f"the docstring_t5 recipe reads the standard library of Python {DOCSTRING_PYTHON}, "
+                           f"this is {platform.python_version()}")
+    stream = encode_stream(bpe, pretraining_texts())                  # no test module's file (pretraining_texts)
+    heldout = encode_stream(bpe, pretraining_texts(held_out=True))   # the test modules' source
+    return stream, corrupted_windows(heldout, 64, 128, random.Random(1))
+
+
+DOCSTRING_CONFIG = dict(vocab_size=2048, d_model=128, num_heads=4, d_ff=512, num_layers=2, num_decoder_layers=2,
+                        pad_id=0, eos_id=1)
+
+
+@functools.cache
+def docstring_t5_setup() -> dict:
+    """Chapter 15's pre-trained T5 (section 15.6): span corruption on the standard library's source minus the test
+    modules; evaluate: the loss on 64 corrupted windows of the test modules' source (random.Random(1))."""
+    from transformer_lib.t5 import T5Config, t5_loss
     from transformer_lib.training import data_sha256, inference, model_device, to_device
 
-    test_rng = random.Random(1_000_000)
-    tests = [summary_example(test_rng) for _ in range(500)]
-    config = T5Config(vocab_size=len(SUMMARY_VOCAB), d_model=32, num_heads=4, d_ff=128, num_layers=2,
-                      num_decoder_layers=2, dropout=0.0, pad_id=0, eos_id=SUMMARY_ID["[SEP]"])
-    batch = summary_batch(tests)
-    return {"config": config, "tests": tests, "held_out": {tuple(story) for story, _, _ in tests},
-            "data": {"test_stories_sha256": data_sha256(tests), "vocab": list(SUMMARY_VOCAB)},
-            "args": {"steps": 1000, "batch_size": 32, "lr": 1e-2, "warmup_steps": 100, "seed": 0,
-                     "eval_every": 200},
-            "evaluate": inference(lambda m: summary_loss(m, to_device(batch, model_device(m))).item())}
+    d = docstring_data()
+    stream, batch = pretraining_stream(d["bpe"])
+    return {"config": T5Config(**DOCSTRING_CONFIG, dropout=0.0), "stream": stream,
+            "data": {**d["data"], "stream_sha256": data_sha256(stream), "stream_tokens": len(stream),
+                     "heldout_sha256": data_sha256([t.tolist() for t in batch])},
+            "args": {"steps": 2000, "batch_size": 32, "length": 128, "lr": 2e-3, "warmup_steps": 200, "seed": 0,
+                     "eval_every": 400},
+            "evaluate": inference(lambda m: t5_loss(m, to_device(batch, model_device(m))).item())}
 
 
-def writer_train(s: dict, device: str = "cpu", stop_after: int | None = None, evaluate=None):
-    """Chapter 15's summarization cell: seed_everything(seed), a fresh T5, train_summarizer."""
-    from transformer_lib.applications import train_summarizer
+def docstring_t5_train(s: dict, device: str = "cpu", stop_after: int | None = None, evaluate=None):
+    """Chapter 15's pre-training cell: seed_everything(seed), a fresh T5, pretrain_t5 on the stream."""
+    from transformer_lib.applications import PAD, pretrain_t5
     from transformer_lib.t5 import T5
     from transformer_lib.utils import seed_everything
 
     a = s["args"]
     seed_everything(a["seed"])
     model = T5(s["config"]).to(device)
-    # the story's tokens and the decoder's (its start token has the id of [PAD], 0)
-    tokens = count_tokens(model, lambda src, tgt_in: (src != 0).sum() + (tgt_in != 0).sum() + len(tgt_in))
-    kwargs = dict(a, exclude=s["held_out"], evaluate=evaluate, stop_after=stop_after)
-    history = train_summarizer(model, **kwargs)
-    history["call"] = call_arguments(train_summarizer, model, skip=("model", "exclude", "evaluate"), **kwargs)
+    tokens = count_tokens(model, lambda src, tgt_in: (src != PAD).sum() + (tgt_in != PAD).sum() + len(tgt_in))
+    kwargs = dict(a, evaluate=evaluate, stop_after=stop_after)
+    history = pretrain_t5(model, s["stream"], **kwargs)
+    history["call"] = call_arguments(pretrain_t5, model, [], skip=("model", "stream", "evaluate"), **kwargs)
+    history["tokens_seen"] = sum(tokens)
+    return model, history
+
+
+def docstring_t5_first_steps(k: int) -> list:
+    """The losses of the docstring_t5 recipe's first k steps."""
+    return docstring_t5_train(docstring_t5_setup(), stop_after=k)[1]["loss"]
+
+
+@recipe
+def docstring_t5(out: str, device: str) -> dict:
+    """Chapter 15: a T5 (d_model 128, 2 + 2 layers, 2,048 BPE tokens) pre-trained by span corruption on the
+    standard library's source, the test modules left out (2,000 steps of 32 windows of 128 tokens)."""
+    return one_model(out, device, docstring_t5_setup(), docstring_t5_train, "15_applications",
+                     "transformer_lib.applications.pretrain_t5", lambda h: h["tokens_seen"])
+
+
+def writer_args(pretrained: bool, seed: int = 0) -> dict:
+    """finetune_t5's arguments of Chapter 15's summarizers: the same for the pre-trained and the from-scratch T5."""
+    return {"steps": 400, "batch_size": 32, "lr": 3e-3, "warmup_steps": 40, "seed": seed, "eval_every": 100,
+            "pretrained": "docstring_t5" if pretrained else None}
+
+
+@functools.cache
+def writer_setup() -> dict:
+    """Chapter 15's summarizer (section 15.6): the pre-trained T5 of docstring_t5 fine-tuned on the training pairs
+    (body -> summary line); evaluate: the teacher-forced loss of the test pairs' summaries."""
+    from transformer_lib.t5 import T5Config, t5_loss
+    from transformer_lib.training import data_sha256, inference, model_device, recipe_record, to_device
+
+    d = docstring_data()
+    batch = d["test_tensors"]
+    return {"config": T5Config(**DOCSTRING_CONFIG, dropout=0.1), "train_tensors": d["train_tensors"],
+            "data": {**d["data"], "train_sha256": data_sha256([t.tolist() for t in d["train_tensors"]]),
+                     "pretrained_sha256": recipe_record("docstring_t5")["files"]["final.pt"]["sha256"]},
+            "args": writer_args(pretrained=True),
+            "evaluate": inference(lambda m: t5_loss(m, to_device(batch, model_device(m))).item())}
+
+
+def summarizer(config, pretrained, seed: int, device: str = "cpu"):
+    """seed_everything(seed), a fresh T5(config), and the weights of recipe `pretrained` in it unless None (read
+    first: loading builds a model, which must not draw from the seeded generator that dropout then uses)."""
+    from transformer_lib.t5 import T5
+    from transformer_lib.training import load_recipe
+    from transformer_lib.utils import seed_everything
+
+    weights = load_recipe(pretrained)[0].state_dict() if pretrained else None
+    seed_everything(seed)
+    model = T5(config)
+    if weights is not None:
+        model.load_state_dict(weights)
+    return model.to(device)
+
+
+def writer_train(s: dict, device: str = "cpu", stop_after: int | None = None, evaluate=None):
+    """Chapter 15's fine-tuning cell: summarizer(config, "docstring_t5", seed), then finetune_t5 on the pairs."""
+    from transformer_lib.applications import PAD, finetune_t5
+
+    a = dict(s["args"])
+    model = summarizer(s["config"], a.pop("pretrained"), a["seed"], device)
+    tokens = count_tokens(model, lambda src, tgt_in: (src != PAD).sum() + (tgt_in != PAD).sum() + len(tgt_in))
+    kwargs = dict(a, evaluate=evaluate, stop_after=stop_after)
+    history = finetune_t5(model, *s["train_tensors"], **kwargs)
+    history["call"] = call_arguments(finetune_t5, model, None, None, skip=("model", "src", "labels", "evaluate"),
+                                     **kwargs)
     history["tokens_seen"] = sum(tokens)
     return model, history
 
@@ -696,17 +798,19 @@ def writer_first_steps(k: int) -> list:
 
 @recipe
 def writer(out: str, device: str) -> dict:
-    """Chapter 15: the summarizer (T5, d_model 32, 2 + 2 layers; 1,000 steps of 32 fresh stories) that writes a
-    story's final state."""
+    """Chapter 15: the summarizer, docstring_t5 fine-tuned on the training docstrings' body -> summary line
+    (400 steps of 32 pairs)."""
     return one_model(out, device, writer_setup(), writer_train, "15_applications",
-                     "transformer_lib.applications.train_summarizer", lambda h: h["tokens_seen"])
+                     "transformer_lib.applications.finetune_t5", lambda h: h["tokens_seen"])
 
 
 SETUPS = {"translator": translator_setup, "gpt": gpt_setup, "t5": t5_setup, "vit": vit_setup,   # tests/test_recipes.py
-          "variants": variants_setup, "encoders": encoders_setup, "reader": reader_setup, "writer": writer_setup}
+          "variants": variants_setup, "encoders": encoders_setup, "reader": reader_setup, "writer": writer_setup,
+          "docstring_t5": docstring_t5_setup}
 FIRST_STEPS = {"translator": translator_first_steps, "gpt": gpt_first_steps, "t5": t5_first_steps,
                "vit": vit_first_steps, "variants": variants_first_steps, "encoders": encoders_first_steps,
-               "reader": reader_first_steps, "writer": writer_first_steps}
+               "reader": reader_first_steps, "writer": writer_first_steps,
+               "docstring_t5": docstring_t5_first_steps}
 
 
 def environment() -> dict:

@@ -15,7 +15,6 @@ from transformer_lib.applications import (
     QA_ID,
     QA_PLACES,
     QA_VOCAB,
-    SUMMARY_ID,
     answer_text,
     best_spans,
     encode,
@@ -30,15 +29,11 @@ from transformer_lib.applications import (
     qa_batch,
     span_scores,
     squad_scores,
-    summary_batch,
-    summary_example,
-    summary_loss,
     tell_story,
     token_f1,
     train_qa,
-    train_summarizer,
 )
-from transformer_lib.bert import IGNORE_INDEX, BertConfig, BertForQuestionAnswering
+from transformer_lib.bert import BertConfig, BertForQuestionAnswering
 
 
 def small_reader(seed=0, **kwargs):
@@ -251,39 +246,13 @@ def test_train_qa_stops_after_the_first_steps_of_the_full_run():
         run(stop_after=11)
 
 
-def test_train_summarizer_learns_stops_after_its_first_steps_and_never_sees_an_excluded_story(monkeypatch):
-    import transformer_lib.applications as app
-    from transformer_lib.t5 import T5, T5Config
-
-    def run(**kwargs):
-        torch.manual_seed(0)
-        model = T5(T5Config(vocab_size=len(app.SUMMARY_VOCAB), d_model=16, num_heads=2, d_ff=32, num_layers=1,
-                            num_decoder_layers=1, dropout=0.0, pad_id=0, eos_id=SUMMARY_ID["[SEP]"]))
-        return model, train_summarizer(model, steps=30, batch_size=8, warmup_steps=3, **kwargs)
-
-    model, full = run()
-    assert len(full["loss"]) == 30 and sum(full["loss"][-5:]) < 0.8 * sum(full["loss"][:5])
-    assert full["optimizer"]["class"] == "AdamW" and {g["weight_decay"] for g in full["optimizer"]["groups"]} == {0.0}
-    assert run(stop_after=4)[1]["loss"] == full["loss"][:4]
-    batch = summary_batch([summary_example(random.Random(3)) for _ in range(4)])
-    assert summary_loss(model, batch).ndim == 0
-    excluded = {tuple(summary_example(random.Random(0))[0])}     # the first story of the stream of seed 0
-    seen, real = [], app.summary_batch
-    monkeypatch.setattr(app, "summary_batch", lambda ex: seen.extend(tuple(e[0]) for e in ex) or real(ex))
-    train_summarizer(model, steps=2, batch_size=8, warmup_steps=1, exclude=excluded)
-    assert len(seen) == 16 and not excluded & set(seen)
-    seen.clear()
-    train_summarizer(model, steps=2, batch_size=8, warmup_steps=1)
-    assert excluded & set(seen)
-
-
-def test_final_state_and_summary_batch():
+def test_final_state():
     rng = random.Random(6)
-    story, summary, sentences = summary_example(rng)
+    sentences, where_, holder_, _ = tell_story(rng)
+    summary = final_state(where_, holder_)
     where, holder, _ = replay(sentences)
-    assert story == [w for s in sentences for w in s] and summary[-1] == "."
-    text = " ".join(summary[:-1])
-    clauses = text.split(" , ")
+    assert summary[-1] == "."
+    clauses = " ".join(summary[:-1]).split(" , ")
     assert [c.split()[0] for c in clauses] == list(dict.fromkeys(s[0] for s in sentences if s[-2] in PLACES))
     for c in clauses:
         person, place = c.split()[0], c.split()[4]
@@ -291,14 +260,6 @@ def test_final_state_and_summary_batch():
         assert sorted(w for w in c.split()[5:] if w in OBJECTS) == sorted(o for o, h in holder.items() if h == person)
     assert final_state({"mary": ("kitchen", 0)}, {"apple": "mary", "milk": "mary"}) == \
         "mary is in the kitchen with the apple and the milk .".split()
-    examples = [summary_example(rng) for _ in range(5)]
-    src, labels = summary_batch(examples)
-    eos = SUMMARY_ID["[SEP]"]
-    for b, (st, su, _) in enumerate(examples):
-        assert src[b, :len(st) + 1].tolist() == [SUMMARY_ID[w] for w in st] + [eos]
-        assert (src[b, len(st) + 1:] == 0).all()
-        assert labels[b, :len(su) + 1].tolist() == [SUMMARY_ID[w] for w in su] + [eos]
-        assert (labels[b, len(su) + 1:] == IGNORE_INDEX).all()
 
 
 def test_encode_names_a_word_outside_the_vocabulary():

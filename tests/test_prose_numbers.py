@@ -15,11 +15,9 @@ sys.path.insert(0, str(ROOT / "tools"))
 import prose_numbers  # noqa: E402
 
 CHAPTERS = sorted((ROOT / "chapters").glob("*.ipynb"))
-REWRITTEN = {"15_applications": "issue 48 rewrites Chapter 15; the lead removes this mark at merge"}
 
 
-@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(reason=REWRITTEN[p.stem], strict=False))
-                                  if p.stem in REWRITTEN else p for p in CHAPTERS], ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
 def test_prose_numbers_are_backed(path):
     bad = prose_numbers.check(path)
     assert not bad, (f"{path.stem}: {len(bad)} prose number(s) not backed by a compared output, a loaded JSON or "

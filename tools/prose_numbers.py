@@ -52,6 +52,7 @@ ALLOWED: dict[str, dict[str, str]] = {
                    "100,000": "vaswani2017attention",               # section 5.2: the base model's steps
                    "300,000": "vaswani2017attention",               # the big model's steps
                    "0.1": "vaswani2017attention"},                  # section 5.4: P_drop of the base model
+    "15_applications": {"257": "goodger2001pep257"},             # PEP 257, the docstring conventions
 }
 
 WORDS = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9, "ten": 10,

@@ -2,10 +2,15 @@
 
 # %% auto #0
 __all__ = ['PEOPLE', 'PLACES', 'QA_PLACES', 'OBJECTS', 'MOVES', 'TAKES', 'DROPS', 'SPECIALS', 'WORDS', 'VOCAB', 'ID', 'QA_VOCAB',
-           'QA_ID', 'SUMMARY_VOCAB', 'SUMMARY_ID', 'tell_story', 'make_story', 'answer_text', 'normalize_answer',
-           'exact_match', 'token_f1', 'squad_scores', 'place_of', 'last_place', 'nearest_place', 'encode', 'qa_batch',
-           'span_scores', 'best_spans', 'predict_answers', 'qa_loss', 'train_qa', 'final_state', 'summary_batch',
-           'summary_example', 'summary_loss', 'train_summarizer']
+           'QA_ID', 'SKIP_FOLDERS', 'DOCSTRING_PYTHON', 'NUM_SENTINELS', 'SPECIAL_TOKENS', 'PAD', 'EOS', 'SENTINEL_0',
+           'tell_story', 'make_story', 'answer_text', 'normalize_answer', 'exact_match', 'token_f1', 'squad_scores',
+           'place_of', 'last_place', 'nearest_place', 'encode', 'qa_batch', 'span_scores', 'best_spans',
+           'predict_answers', 'qa_loss', 'train_qa', 'stdlib_files', 'top_module', 'docstring_pairs', 'keep_pair',
+           'extract_pairs', 'is_test_module', 'shipped', 'shipped_pairs', 'pretraining_texts', 'lead_sentence',
+           'name_words', 'nearest_summaries', 'summary_scores', 'train_docstring_bpe', 'load_docstring_bpe',
+           'random_segmentation', 'span_corruption', 'encode_stream', 'pad_rows', 'corrupted_windows', 'pretrain_t5',
+           'encode_pairs', 'finetune_t5', 'generate_no_repeat', 'summarize', 'final_state', 'qa_from_pretrained',
+           'span_probabilities', 'answer_question', 't5_from_pretrained', 't5_summarize']
 
 # %% ../chapters/15_applications.ipynb #c003
 import random
@@ -13,11 +18,9 @@ import string
 from collections import Counter
 
 import torch
-import torch.nn.functional as F
 
 from .bert import IGNORE_INDEX, span_loss
 from .classifier import fit
-from .t5 import shift_right
 from .training import inference, model_device, optimizer_settings, train
 from .validation import check_int, describe
 
@@ -252,13 +255,306 @@ def train_qa(model, steps: int = 3000, short_steps: int = 800, batch_size: int =
     history["optimizer"] = optimizer_settings(optimizer)             # what a recipe's record keeps of it
     return history
 
-# %% ../chapters/15_applications.ipynb #c023
-SUMMARY_VOCAB = VOCAB + ("in", "with", "and", ",")     # the story's words and the summary's four new ones
-SUMMARY_ID = {w: i for i, w in enumerate(SUMMARY_VOCAB)}
+# %% ../chapters/15_applications.ipynb #c15s02
+import ast
+import gzip
+import hashlib
+import math
+import json
+import re
+import sysconfig
+from importlib.resources import files
+from pathlib import Path
+
+from .classifier import random_batches
+from .t5 import T5, t5_generate, t5_loss
+from .validation import check_float
+
+# %% ../chapters/15_applications.ipynb #c15s03
+# Folders of the standard library that are not its documented modules: the test suites, the IDLE editor, the old
+# 2to3 converter, installed third-party packages and demos.
+SKIP_FOLDERS = frozenset({"test", "tests", "idle_test", "idlelib", "lib2to3", "site-packages", "dist-packages",
+                          "turtledemo", "ensurepip", "__pycache__", "__phello__"})
+DOCSTRING_PYTHON = "3.11.7"      # the Python whose standard library made the shipped pairs (and the book's runs)
 
 
+def stdlib_files(root=None) -> list:
+    """The standard library's .py files, as paths relative to root (default: the running Python's,
+    sysconfig.get_paths()["stdlib"]), sorted; none inside SKIP_FOLDERS and no test_*.py file."""
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    if not root.is_dir():
+        raise ValueError(f"root must be a folder holding the standard library, got {str(root)!r}")
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if not SKIP_FOLDERS & set(rel.parts[:-1]) and not rel.name.startswith("test_"):
+            out.append(rel.as_posix())
+    return out
+
+
+def top_module(path: str) -> str:
+    """'email/mime/text.py' -> 'email', 'os.py' -> 'os': the unit of the train/test split."""
+    return path.split("/")[0].removesuffix(".py")
+
+
+def docstring_pairs(source: str, path: str) -> list:
+    """Every docstring of a module's source (the module's, each class's and each function's) that has a summary
+    paragraph and a body (PEP 257: a summary line, a blank line, then the rest), as dicts with the module
+    (top_module(path)), path, name (of the function, class or module), summary and body, each paragraph's
+    whitespace collapsed to single spaces."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        doc = ast.get_docstring(node)                          # indentation removed (inspect.cleandoc)
+        parts = re.split(r"\n\s*\n", doc.strip(), maxsplit=1) if doc else []
+        if len(parts) == 2:
+            name = Path(path).stem if isinstance(node, ast.Module) else node.name
+            out.append({"module": top_module(path), "path": path, "name": name,
+                        "summary": " ".join(parts[0].split()), "body": " ".join(parts[1].split())})
+    return out
+
+
+def keep_pair(pair: dict, min_summary: int = 4, min_body: int = 15) -> bool:
+    """The chapter's rule: a summary of at least min_summary words and a body of at least min_body words."""
+    return len(pair["summary"].split()) >= min_summary and len(pair["body"].split()) >= min_body
+
+
+def extract_pairs(root=None) -> list:
+    """The (body -> summary) pairs of the standard library at root (default: the running Python's) that
+    keep_pair keeps, file by file in stdlib_files order."""
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    pairs = []
+    for path in stdlib_files(root):
+        source = (root / path).read_text(encoding="utf-8")
+        pairs += [p for p in docstring_pairs(source, path) if keep_pair(p)]
+    return pairs
+
+
+def is_test_module(module: str) -> bool:
+    """The split, by module: a module is a test module when the SHA-256 of its name, as a number, is 0, 1 or 2
+    modulo 20 (about 15 % of the modules; the same on every machine and Python version)."""
+    return int(hashlib.sha256(module.encode()).hexdigest(), 16) % 20 < 3
+
+
+def shipped(name: str):
+    """The path of a file of transformer_lib/datasets/, which ships with the library (package data)."""
+    return files("transformer_lib") / "datasets" / name
+
+
+def shipped_pairs() -> list:
+    """The pairs extract_pairs() gives on Python DOCSTRING_PYTHON, as shipped (docstring_pairs.json.gz)."""
+    return json.loads(gzip.decompress(shipped("docstring_pairs.json.gz").read_bytes()).decode("utf-8"))
+
+
+def pretraining_texts(root=None, held_out: bool = False) -> list:
+    """The pre-training corpus: the source (code and docstrings) of every file of stdlib_files(root) whose module
+    is not a test module, in stdlib_files order; held_out=True: the test modules' files instead."""
+    root = Path(root or sysconfig.get_paths()["stdlib"])
+    return [(root / p).read_text(encoding="utf-8") for p in stdlib_files(root)
+            if is_test_module(top_module(p)) == held_out]
+
+# %% ../chapters/15_applications.ipynb #c15s06
+def lead_sentence(body: str) -> str:
+    """The body's first sentence: up to the first '.', '!' or '?' followed by a space (the lead baseline)."""
+    return re.split(r"(?<=[.!?])\s+", body.strip(), maxsplit=1)[0]
+
+
+def name_words(name: str) -> str:
+    """A function's, class's or module's name as words: 'read_config_file' -> 'read config file',
+    'HTTPServer' -> 'HTTP Server', '__init__' -> 'init'."""
+    name = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)          # camelCase -> camel Case
+    name = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1 \2", name)       # HTTPServer -> HTTP Server
+    return " ".join(name.replace("_", " ").split())
+
+
+def nearest_summaries(train_pairs: list, bodies: list) -> list:
+    """Retrieval: for each body, the summary of the training pair whose body is nearest by the cosine of TF-IDF
+    vectors (scikit-learn's TfidfVectorizer fitted on the training bodies, its defaults)."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    vectorizer = TfidfVectorizer()
+    train = vectorizer.fit_transform([p["body"] for p in train_pairs])      # rows of norm 1: a dot is a cosine
+    nearest = (vectorizer.transform(bodies) @ train.T).toarray().argmax(1)
+    return [train_pairs[i]["summary"] for i in nearest]
+
+
+def summary_scores(predictions: list, references: list) -> dict:
+    """ROUGE-1, ROUGE-2 and ROUGE-L F-measure (Google's rouge-score, Porter stemming), averaged over the pairs, in
+    percent, and exact match (the same string once whitespace is collapsed), in percent."""
+    from rouge_score import rouge_scorer
+
+    if len(predictions) != len(references) or not references:
+        raise ValueError(f"predictions and references must be non-empty lists of equal length, got "
+                         f"{len(predictions)} and {len(references)}")
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
+    scores = [scorer.score(r, p) for p, r in zip(predictions, references, strict=True)]
+    out = {k: 100 * sum(s[k].fmeasure for s in scores) / len(scores) for k in ("rouge1", "rouge2", "rougeL")}
+    out["exact"] = 100 * sum(" ".join(p.split()) == " ".join(r.split())
+                             for p, r in zip(predictions, references, strict=True)) / len(references)
+    return out
+
+# %% ../chapters/15_applications.ipynb #c15s09
+NUM_SENTINELS = 32
+# T5's special tokens: padding (also the decoder's start token), end of sequence, and the sentinels that stand for
+# the dropped spans in span corruption. <extra_id_k> is T5's name for sentinel k.
+SPECIAL_TOKENS = ("<pad>", "</s>") + tuple(f"<extra_id_{k}>" for k in range(NUM_SENTINELS))
+PAD, EOS, SENTINEL_0 = 0, 1, 2                                      # their ids: SPECIAL_TOKENS come first
+
+
+def train_docstring_bpe(texts, vocab_size: int):
+    """A byte-level BPE (Chapter 11's train_bpe, with T5's special tokens in place of <|endoftext|>) trained on
+    texts (an iterable of strings), merges kept if seen at least twice."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    check_int("vocab_size", vocab_size, 256 + len(SPECIAL_TOKENS))
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(list(texts), vocab_size=vocab_size, min_frequency=2, special_tokens=list(SPECIAL_TOKENS),
+                            show_progress=False)
+    return bpe
+
+
+def load_docstring_bpe():
+    """The chapter's tokenizer as shipped (docstring_bpe.json, what train_docstring_bpe wrote for the recipe)."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(shipped("docstring_bpe.json").read_text(encoding="utf-8"))
+
+
+def random_segmentation(total: int, parts: int, rng: random.Random) -> list:
+    """total items cut into parts non-empty runs, uniformly over all such cuts -> the run lengths."""
+    cuts = sorted(rng.sample(range(1, total), parts - 1))
+    return [b - a for a, b in zip([0, *cuts], [*cuts, total], strict=True)]
+
+
+def span_corruption(ids: list, rng: random.Random, noise_density: float = 0.15, mean_span_length: float = 3.0):
+    """T5's pre-training objective (Raffel et al., 2020, section 3.1.4) on one sequence of token ids: drop
+    round(noise_density * n) tokens in round(dropped / mean_span_length) spans (at least one of each), and replace
+    each span by its own sentinel (<extra_id_0>, <extra_id_1>, ...). The spans and the kept runs between them are
+    random (random_segmentation); the sequence starts with kept tokens, as in T5's code.
+    -> (inputs, targets): inputs = the kept tokens and a sentinel per span, then EOS; targets = each sentinel
+    followed by its span's tokens, then one more sentinel and EOS (Figure 2 of the paper)."""
+    n = len(ids)
+    if n < 2:
+        raise ValueError(f"ids must hold at least 2 tokens (one to drop, one to keep), got {n}")
+    check_float("noise_density", noise_density, 0.0, 1.0, low_open=True, high_open=True)
+    check_float("mean_span_length", mean_span_length, 1.0, math.inf, high_open=True)
+    dropped = min(max(round(noise_density * n), 1), n - 1)
+    spans = min(max(round(dropped / mean_span_length), 1), dropped, n - dropped)
+    if spans > NUM_SENTINELS - 1:
+        raise ValueError(f"ids of length {n} need {spans} sentinels, more than the {NUM_SENTINELS - 1} there are")
+    noise, keep = random_segmentation(dropped, spans, rng), random_segmentation(n - dropped, spans, rng)
+    inputs, targets, i = [], [], 0
+    for k, (kept, span) in enumerate(zip(keep, noise, strict=True)):
+        inputs += ids[i:i + kept] + [SENTINEL_0 + k]
+        targets += [SENTINEL_0 + k] + ids[i + kept:i + kept + span]
+        i += kept + span
+    return inputs + [EOS], targets + [SENTINEL_0 + spans, EOS]
+
+# %% ../chapters/15_applications.ipynb #c15s12
+def encode_stream(tokenizer, texts) -> list:
+    """Every text encoded, each followed by EOS, as one list of ids (the pre-training stream)."""
+    out = []
+    for encoding in tokenizer.encode_batch(list(texts)):
+        out += encoding.ids + [EOS]
+    return out
+
+
+def pad_rows(rows: list, value: int) -> torch.Tensor:
+    """Lists of ids -> one (len(rows), longest) tensor, padded with value."""
+    width = max(map(len, rows))
+    return torch.tensor([row + [value] * (width - len(row)) for row in rows])
+
+
+def corrupted_windows(stream: list, n: int, length: int, rng: random.Random):
+    """n random windows of `length` tokens of the stream, each span-corrupted -> (src (n, S) padded with PAD,
+    labels (n, T) padded with IGNORE_INDEX): a batch for t5_loss."""
+    pairs = [span_corruption(stream[s:s + length], rng)
+             for s in (rng.randrange(len(stream) - length) for _ in range(n))]
+    return pad_rows([x for x, _ in pairs], PAD), pad_rows([y for _, y in pairs], IGNORE_INDEX)
+
+
+def pretrain_t5(model: T5, stream: list, steps: int, batch_size: int = 32, length: int = 128, lr: float = 2e-3,
+                warmup_steps: int = 200, seed: int = 0, *, evaluate=None, eval_every: int = 500,
+                stop_after: int | None = None) -> dict:
+    """Pre-train a T5 by span corruption: Chapter 10's fit (AdamW, weight decay 0.01, warm-up then linear decay,
+    gradients clipped at norm 1) on batches of batch_size random windows of `length` tokens of the stream, each
+    corrupted by span_corruption, drawn from random.Random(seed). -> fit's history."""
+    check_int("length", length, 2)
+    if len(stream) <= length:
+        raise ValueError(f"stream must hold more than length={length} tokens, got {len(stream)}")
+    rng = random.Random(check_int("seed", seed, 0))
+
+    def batches():                                  # endless
+        while True:
+            yield corrupted_windows(stream, batch_size, length, rng)
+
+    return fit(model, t5_loss, batches(), steps, lr=lr, warmup_steps=warmup_steps, weight_decay=0.01, clip_norm=1.0,
+               evaluate=evaluate, eval_every=eval_every, progress=False, stop_after=stop_after)
+
+
+def encode_pairs(tokenizer, pairs: list, max_body: int = 128, max_summary: int = 48):
+    """Pairs -> (src (N, S): the body's ids, cut to max_body - 1, then EOS, padded with PAD; labels (N, T): the
+    summary's ids, cut to max_summary - 1, then EOS, padded with IGNORE_INDEX)."""
+    src = [e.ids[:max_body - 1] + [EOS] for e in tokenizer.encode_batch([p["body"] for p in pairs])]
+    tgt = [e.ids[:max_summary - 1] + [EOS] for e in tokenizer.encode_batch([p["summary"] for p in pairs])]
+    return pad_rows(src, PAD), pad_rows(tgt, IGNORE_INDEX)
+
+
+def finetune_t5(model: T5, src, labels, steps: int, batch_size: int = 32, lr: float = 1e-3, warmup_steps: int = 50,
+                seed: int = 0, *, evaluate=None, eval_every: int = 100, stop_after: int | None = None) -> dict:
+    """Train a T5 (pre-trained or not) on (src, labels) from encode_pairs: fit as in pretrain_t5, on random
+    batches (random_batches: epoch after epoch, rows in a random order of seed), each cut to its longest row."""
+    rows = random_batches(src, labels, batch_size=batch_size, seed=check_int("seed", seed, 0), pad_id=PAD)
+    batches = ((x, y[:, :int((y != IGNORE_INDEX).sum(1).max())]) for x, y in rows)
+    return fit(model, t5_loss, batches, steps, lr=lr, warmup_steps=warmup_steps, weight_decay=0.01, clip_norm=1.0,
+               evaluate=evaluate, eval_every=eval_every, progress=False, stop_after=stop_after)
+
+
+@inference
+def generate_no_repeat(model: T5, src, max_new_tokens: int, n: int = 3):
+    """Greedy decoding that never writes the same n-gram twice (Hugging Face's no_repeat_ngram_size, the usual
+    setting of its summarization models): at each step, every token that would complete an n-gram already in the
+    row's output is ruled out. The decoder re-reads the whole prefix at each step (no cache: short outputs).
+    src (B, S) -> (B, <= max_new_tokens) ids without the start token; after a row's EOS, PAD."""
+    c = model.config
+    check_int("n", n, 1)
+    src_mask = model.make_src_mask(src)
+    memory = model.encode(src, src_mask)                                     # (B, S, d)
+    out = torch.full((src.size(0), 1), c.pad_id, dtype=torch.long, device=src.device)   # the start token
+    done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
+    for _ in range(check_int("max_new_tokens", max_new_tokens)):
+        logits = model.generator(model.decode(out, memory, src_mask))[:, -1]  # (B, V): the next token's
+        for b, row in enumerate(out[:, 1:].tolist()):
+            tail = tuple(row[len(row) - n + 1:]) if n > 1 else ()
+            banned = [row[i + n - 1] for i in range(len(row) - n + 1) if tuple(row[i:i + n - 1]) == tail]
+            logits[b, banned] = -math.inf
+        token = logits.argmax(-1).masked_fill(done, c.pad_id)               # (B,)
+        out = torch.cat([out, token[:, None]], dim=1)
+        done |= token == c.eos_id
+        if done.all():
+            break
+    return out[:, 1:]
+
+
+def summarize(model: T5, tokenizer, src, max_new_tokens: int = 48, no_repeat: int | None = 3,
+              batch_size: int = 256) -> list:
+    """Greedy summaries of the bodies src (N, S) from encode_pairs -> N strings: generate_no_repeat (n-grams of
+    no_repeat tokens written at most once), or t5_generate (plain greedy) with no_repeat=None."""
+    out = []
+    for i in range(0, len(src), batch_size):
+        batch = src[i:i + batch_size].to(model_device(model))
+        ids = (t5_generate(model, batch, max_new_tokens) if no_repeat is None
+               else generate_no_repeat(model, batch, max_new_tokens, no_repeat))
+        out += [tokenizer.decode(row[:row.index(EOS)] if EOS in row else row) for row in ids.tolist()]
+    return out
+
+# %% ../chapters/15_applications.ipynb #c15s03f
+# The sentence of a bAbI story's final state, which section 15.6 summarized until it moved to real text; Exercise 3's
+# grader (check_rouge1) still scores ROUGE-1 on such sentences.
 def final_state(where, holder):
-    """The reference summary (a word list) of a final state, as tell_story returns it."""
+    """The final state of a story (as tell_story returns it) as one sentence, a word list: every person in the
+    order they first appear, their place and what they carry. Exercise 3's grader compares ROUGE-1 on these."""
     clauses = []
     for person, (place, _) in where.items():                # dicts keep insertion order: first appearance
         clause = [person, "is", "in", "the", place]
@@ -267,50 +563,104 @@ def final_state(where, holder):
         clauses.append(clause)
     return [w for k, clause in enumerate(clauses) for w in ([","] if k else []) + clause] + ["."]
 
-# %% ../chapters/15_applications.ipynb #c024
-def summary_batch(examples):
-    """(story words, summary words) pairs -> src (B, S) = story ids + [SEP] (end of sequence), padded with [PAD] = 0;
-    labels (B, T) = summary ids + [SEP], padded with IGNORE_INDEX (-100: no loss)."""
-    eos = SUMMARY_ID["[SEP]"]
-    src = [[SUMMARY_ID[w] for w in story] + [eos] for story, _, _ in examples]
-    tgt = [[SUMMARY_ID[w] for w in summary] + [eos] for _, summary, _ in examples]
-    S, T = max(map(len, src)), max(map(len, tgt))
-    return (torch.tensor([x + [0] * (S - len(x)) for x in src]),
-            torch.tensor([y + [IGNORE_INDEX] * (T - len(y)) for y in tgt]))
+# %% ../chapters/15_applications.ipynb #c15h1
+from .bert import BertConfig, BertForQuestionAnswering, load_hf_bert
+from .hf import from_pretrained
+from .t5 import T5Config, load_hf_t5
 
 
-def summary_example(rng):
-    """A random story as one word list, its reference summary, and its sentences (for the baselines)."""
-    sentences, where, holder, _ = tell_story(rng)
-    return [w for s in sentences for w in s], final_state(where, holder), sentences
+def qa_from_pretrained(name_or_path, dtype=torch.float32):
+    """A Hugging Face BertForQuestionAnswering checkpoint (a Hub name, e.g. a BERT fine-tuned on SQuAD, or a
+    directory written by save_pretrained) in the book's own BertForQuestionAnswering, by Chapter 10's bridge.
+    -> (ours, theirs), both in eval mode and in dtype. Raises OSError when it is neither on disk nor reachable."""
+    hf_model = from_pretrained("BertForQuestionAnswering", name_or_path, dtype)
+    model = BertForQuestionAnswering(BertConfig.from_hf(hf_model.config)).to(dtype)
+    return load_hf_bert(model, hf_model).eval(), hf_model
 
 
-def summary_loss(model, batch):
-    """Cross-entropy of the summary's tokens under teacher forcing (the decoder reads the labels shifted right,
-    [PAD] = 0 as its start token), for train(): batch = summary_batch(examples) = (src, labels)."""
-    src, labels = batch
-    logits = model(src, shift_right(labels, 0, 0))                          # (B, T, V)
-    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+def span_probabilities(logits, allowed, max_answer_len: int):
+    """Extractive QA's post-processing for one window, as Hugging Face's pipelines do it: softmax the start and the
+    end scores over the allowed positions (the context's tokens) and score each span start <= end <
+    start + max_answer_len as p(start) * p(end). logits (S, 2), allowed (S,) bool -> (S, S), 0 where not allowed."""
+    S = logits.size(0)
+    p = logits.masked_fill(~allowed[:, None], float("-inf")).softmax(dim=0)            # (S, 2)
+    spans = p[:, 0, None] * p[None, :, 1]                                              # (S, S): start x end
+    i = torch.arange(S, device=logits.device)
+    inside = (i[None, :] >= i[:, None]) & (i[None, :] < i[:, None] + max_answer_len)
+    return spans * inside
 
 
-def train_summarizer(model, steps: int = 1000, batch_size: int = 32, lr: float = 1e-2, warmup_steps: int = 100,
-                     seed: int = 0, exclude=(), *, evaluate=None, eval_every: int = 100,
-                     stop_after: int | None = None) -> dict:
-    """Train a T5 over SUMMARY_VOCAB to write the final state of a story: Chapter 10's fit (AdamW without weight
-    decay, warmup_steps of linear warm-up then linear decay to 0, gradients clipped at norm 1) on batches of
-    batch_size fresh summary_example stories drawn from random.Random(seed), never a story whose words (as a
-    tuple) are in `exclude`. evaluate, eval_every and stop_after: fit's. -> fit's history (with "optimizer")."""
-    check_int("batch_size", batch_size)
-    rng = random.Random(check_int("seed", seed, 0))
+def answer_question(name_or_path, question: str, context: str, max_answer_len: int = 15, max_length: int = 384,
+                    doc_stride: int = 128, dtype=torch.float32) -> dict:
+    """Extractive question answering with a real checkpoint: WordPiece-tokenize (question, context); cut a context
+    longer than max_length tokens into windows overlapping by doc_stride tokens; take each window's best span by
+    span_probabilities and the best over the windows; map it back to characters with the offset mapping.
+    -> {"answer": the context's characters, "chars": (first, end), "score", "windows", "same": whether
+    transformers' own post-processing (select_starts_ends) picks the same span in every window and the same
+    answer, "max_diff": max |ours - theirs| over the start and end scores}."""
+    for name, text in (("question", question), ("context", context)):
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"{name} must be a non-empty string, got {describe(text)}")
+    check_int("max_answer_len", max_answer_len)
+    if check_int("doc_stride", doc_stride) >= check_int("max_length", max_length):
+        raise ValueError(f"doc_stride must be smaller than max_length = {max_length}, got {doc_stride}")
+    import transformers
+    from transformers.pipelines.document_question_answering import select_starts_ends   # theirs, to compare
 
-    def batches():                   # endless batches of fresh stories and their summaries
-        while True:
-            examples = []
-            while len(examples) < batch_size:
-                example = summary_example(rng)
-                if tuple(example[0]) not in exclude:
-                    examples.append(example)
-            yield summary_batch(examples)
+    model, hf_model = qa_from_pretrained(name_or_path, dtype)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path)
+    windows = tokenizer(question, context, truncation="only_second", max_length=max_length, stride=doc_stride,
+                        return_overflowing_tokens=True, return_offsets_mapping=True, padding=True,
+                        return_tensors="pt")
+    ids, segments, attention = windows["input_ids"], windows.get("token_type_ids"), windows["attention_mask"]
+    with torch.no_grad():
+        logits = model(ids, segments, attention.bool()[:, None, None, :])                # (W, S, 2)
+        theirs = hf_model(input_ids=ids, token_type_ids=segments, attention_mask=attention)
+    ours_best, their_best, same = (-1.0, 0, 0), (-1.0, 0, 0), True
+    for w in range(len(ids)):
+        allowed = torch.tensor([s == 1 for s in windows.sequence_ids(w)])                # the context's tokens
+        spans = span_probabilities(logits[w], allowed, max_answer_len)                    # (S, S)
+        score, flat = spans.flatten().max(dim=0)
+        start, end = divmod(flat.item(), spans.size(1))
+        s, e, p, _ = select_starts_ends(theirs.start_logits[w:w + 1].numpy(), theirs.end_logits[w:w + 1].numpy(),
+                                        (~allowed).long().numpy()[None], attention[w:w + 1].numpy(),
+                                        max_answer_len=max_answer_len)
+        same = same and (int(s[0]), int(e[0])) == (start, end)
+        offsets = windows["offset_mapping"][w]                                            # (S, 2) characters
+        if score.item() > ours_best[0]:
+            ours_best = (score.item(), offsets[start, 0].item(), offsets[end, 1].item())
+        if float(p[0]) > their_best[0]:
+            their_best = (float(p[0]), offsets[int(s[0]), 0].item(), offsets[int(e[0]), 1].item())
+    score, first, last = ours_best
+    diff = max((logits[..., 0] - theirs.start_logits).abs().max().item(),
+               (logits[..., 1] - theirs.end_logits).abs().max().item())
+    return {"answer": context[first:last], "chars": (first, last), "score": score, "windows": len(ids),
+            "same": same and their_best[1:] == (first, last), "max_diff": diff}
 
-    return fit(model, summary_loss, batches(), steps, lr=lr, warmup_steps=warmup_steps, weight_decay=0.0,
-               clip_norm=1.0, evaluate=evaluate, eval_every=eval_every, progress=False, stop_after=stop_after)
+
+def t5_from_pretrained(name_or_path="t5-small", dtype=torch.float32):
+    """A Hugging Face T5ForConditionalGeneration (T5 v1.0, e.g. t5-small, or a directory written by
+    save_pretrained) in the book's own T5 (Chapter 12's bridge). -> (ours, theirs), in eval mode and in dtype."""
+    hf_model = from_pretrained("T5ForConditionalGeneration", name_or_path, dtype)
+    model = T5(T5Config.from_hf(hf_model.config)).to(dtype)
+    return load_hf_t5(model, hf_model).eval(), hf_model
+
+
+def t5_summarize(name_or_path, text: str, max_new_tokens: int = 60, dtype=torch.float32) -> dict:
+    """Summarize text with a real T5 the way its paper does: the task prefix "summarize: ", then decoding (greedy
+    here, Chapter 12's t5_generate). -> {"summary", "same": whether transformers' greedy generate writes the same
+    tokens}."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"text must be a non-empty string, got {describe(text)}")
+    check_int("max_new_tokens", max_new_tokens)
+    import transformers
+
+    model, hf_model = t5_from_pretrained(name_or_path, dtype)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path)
+    src = tokenizer("summarize: " + text, return_tensors="pt", truncation=True, max_length=512)["input_ids"]
+    with torch.no_grad():
+        ours = t5_generate(model, src, max_new_tokens)[0]                                # (≤ max_new_tokens,)
+        theirs = hf_model.generate(src, max_new_tokens=max_new_tokens, do_sample=False, num_beams=1)[0, 1:]
+    pad = model.config.pad_id
+    ours, theirs = ours[ours != pad], theirs[theirs != pad]
+    return {"summary": tokenizer.decode(ours, skip_special_tokens=True), "same": torch.equal(ours, theirs)}
