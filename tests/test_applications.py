@@ -183,9 +183,16 @@ def test_best_spans_n_best_can_miss_when_every_best_end_precedes_every_best_star
     scores = torch.stack([s, e], -1)[None]
     assert [int(x) for x in best_spans(scores, 8, n_best=5)] == [3, 3]
     a, b = best_spans(scores, 8, n_best=2)
-    assert int(b) < int(a)                          # no valid pair among them: predict_answers says ""
+    assert int(b) == int(a) - 1                     # no valid pair among them: an empty span, predict_answers says ""
+    a, b = best_spans(torch.stack([torch.tensor([0.0, 5.0, 0, 0, 0, 0]), torch.tensor([0.0, 0, 0, 0, 0, 5.0])], -1)[None],
+                      max_answer_len=3, n_best=1)   # the one pair is too long: empty too, not a span of 5 tokens
+    assert (int(a), int(b)) == (1, 0)
     with pytest.raises(ValueError, match="n_best must be an int"):
         best_spans(scores, 8, n_best=0)
+    with pytest.raises(ValueError, match=r"scores must be a tensor of shape \(B, S, 2\)"):
+        best_spans(scores[0], 8)
+    with pytest.raises(ValueError, match="scores"):
+        best_spans(torch.zeros(1, 5, 3), 8)
 
 
 @pytest.mark.parametrize("kind", ["person", "object"])

@@ -125,3 +125,13 @@ def test_t5_summarize_rejects_bad_arguments(summarizers):
         t5_summarize(summarizers[0], "")
     with pytest.raises(OSError):
         t5_summarize("t5-small", "some text")
+
+
+def test_span_probabilities_rejects_bad_arguments():
+    logits = torch.zeros(5, 2)
+    with pytest.raises(ValueError, match="logits"):
+        span_probabilities(torch.zeros(5, 3), torch.ones(5, dtype=torch.bool), 3)
+    with pytest.raises(ValueError, match="allowed must be a bool tensor"):
+        span_probabilities(logits, torch.ones(4, dtype=torch.bool), 3)
+    with pytest.raises(ValueError, match="at least one position"):
+        span_probabilities(logits, torch.zeros(5, dtype=torch.bool), 3)

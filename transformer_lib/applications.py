@@ -22,11 +22,11 @@ import torch
 from .bert import IGNORE_INDEX, span_loss
 from .classifier import fit
 from .training import inference, model_device, optimizer_settings, train
-from .validation import check_int, describe
+from .validation import check_int, check_tensor, describe
 
 # %% ../chapters/15_applications.ipynb #c006
 PEOPLE = ("mary", "john", "sandra", "daniel")
-PLACES = ("kitchen", "garden", "office", "hallway", "bedroom", "bathroom")          # 15.6's one-word rooms
+PLACES = ("kitchen", "garden", "office", "hallway", "bedroom", "bathroom")          # one-word rooms: Exercise 3's world
 QA_PLACES = ("kitchen", "garden", "back garden", "hall", "hall next to the garden", "office next to the kitchen")
 OBJECTS = ("apple", "football", "milk")
 MOVES = ("went to", "moved to", "journeyed to", "travelled to")
@@ -35,10 +35,10 @@ DROPS = ("dropped", "put down", "left")
 SPECIALS = ("[PAD]", "[CLS]", "[SEP]")
 WORDS = sorted({w for group in (PEOPLE, PLACES, OBJECTS, MOVES, TAKES, DROPS) for p in group for w in p.split()}
                | {"the", ".", "where", "is", "?"})
-VOCAB = SPECIALS + tuple(WORDS)                   # 15.6's world: 34 tokens
+VOCAB = SPECIALS + tuple(WORDS)                   # Exercise 3's world: 34 tokens
 ID = {w: i for i, w in enumerate(VOCAB)}
 QA_VOCAB = SPECIALS + tuple(sorted(set(WORDS) - set(PLACES) | {w for p in QA_PLACES for w in p.split()}))
-QA_ID = {w: i for i, w in enumerate(QA_VOCAB)}    # the reader's world: 33 tokens
+QA_ID = {w: i for i, w in enumerate(QA_VOCAB)}    # the reader's world: 34 tokens (asserted below)
 
 
 def tell_story(rng, min_sentences: int = 4, max_sentences: int = 10, places=PLACES):
@@ -189,8 +189,9 @@ def span_scores(model, tokens, segments):
 def best_spans(scores, max_answer_len: int = 8, n_best: int = 20):
     """Hugging Face's post-processing of a span head: among the n_best highest start scores and the n_best
     highest end scores, the pair with start <= end < start + max_answer_len and the largest s_start + e_end.
-    scores (B, S, 2) -> starts (B,), ends (B,). A row with no valid pair among them gets an end before its start
+    scores (B, S, 2) -> starts (B,), ends (B,). A row with no valid pair among them gets end = start - 1
     (predict_answers: an empty answer; Hugging Face's post-processing puts a placeholder there)."""
+    check_tensor("scores", scores, dim=3, last=2, floating=True, shape_text="(B, S, 2) start and end scores")
     check_int("max_answer_len", max_answer_len)
     n = min(check_int("n_best", n_best), scores.size(1))
     s, i = scores[..., 0].topk(n, dim=-1)                                     # (B, n) best starts
@@ -199,7 +200,8 @@ def best_spans(scores, max_answer_len: int = 8, n_best: int = 20):
     length = j[:, None, :] - i[:, :, None]                                    # end - start
     valid = (length >= 0) & (length < max_answer_len) & torch.isfinite(total)
     best = total.masked_fill(~valid, float("-inf")).flatten(1).argmax(-1)     # (B,) index into n * n
-    return i.gather(1, (best // n)[:, None])[:, 0], j.gather(1, (best % n)[:, None])[:, 0]
+    starts, ends = i.gather(1, (best // n)[:, None])[:, 0], j.gather(1, (best % n)[:, None])[:, 0]
+    return starts, torch.where(valid.flatten(1).any(-1), ends, starts - 1)      # no valid pair: an empty span
 
 
 @inference
@@ -582,7 +584,12 @@ def span_probabilities(logits, allowed, max_answer_len: int):
     """Extractive QA's post-processing for one window, as Hugging Face's pipelines do it: softmax the start and the
     end scores over the allowed positions (the context's tokens) and score each span start <= end <
     start + max_answer_len as p(start) * p(end). logits (S, 2), allowed (S,) bool -> (S, S), 0 where not allowed."""
+    check_tensor("logits", logits, dim=2, last=2, floating=True, shape_text="(S, 2) start and end scores")
     S = logits.size(0)
+    if not isinstance(allowed, torch.Tensor) or allowed.dtype != torch.bool or allowed.shape != (S,):
+        raise ValueError(f"allowed must be a bool tensor of shape (S,) = ({S},), got {describe(allowed)}")
+    if not allowed.any():
+        raise ValueError("allowed must allow at least one position (the context's tokens), got none")
     p = logits.masked_fill(~allowed[:, None], float("-inf")).softmax(dim=0)            # (S, 2)
     spans = p[:, 0, None] * p[None, :, 1]                                              # (S, S): start x end
     i = torch.arange(S, device=logits.device)
