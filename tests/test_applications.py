@@ -96,6 +96,9 @@ def test_make_story_refuses_bad_arguments():
         make_story(rng, 5, 3)
     with pytest.raises(ValueError, match="min_sentences must be an int"):
         make_story(rng, 2.5)
+    with pytest.raises(ValueError, match="max_sentences must be >= 2 for question='object'"):
+        make_story(rng, 1, 1, question="object")        # it looped for ever: no one-sentence story holds an object
+    assert make_story(rng, 2, 2, question="object")[1][-2] in OBJECTS
 
 
 def test_the_heuristics_on_a_story_written_by_hand():

@@ -79,6 +79,9 @@ def make_story(rng, min_sentences: int = 4, max_sentences: int = 10, question: s
     check_int("min_sentences", min_sentences)
     if check_int("max_sentences", max_sentences) < min_sentences:
         raise ValueError(f"max_sentences must be >= min_sentences = {min_sentences}, got {max_sentences}")
+    if question == "object" and max_sentences < 2:      # a move, then a pick-up: no story of one sentence has both
+        raise ValueError(f"max_sentences must be >= 2 for question='object' (an object is known only after a move "
+                         f"and a pick-up), got {max_sentences}")
     while True:
         sentences, where, holder, lying = tell_story(rng, min_sentences, max_sentences, QA_PLACES)
         if question == "person":
