@@ -19,7 +19,6 @@ from transformer_lib.applications import (
     best_spans,
     encode,
     exact_match,
-    final_state,
     last_place,
     make_story,
     nearest_place,
@@ -254,22 +253,6 @@ def test_train_qa_stops_after_the_first_steps_of_the_full_run():
     assert first["optimizer"] == full["optimizer"] and first["optimizer"]["class"] == "AdamW"
     with pytest.raises(ValueError, match="stop_after must be <= steps=10, got 11"):
         run(stop_after=11)
-
-
-def test_final_state():
-    rng = random.Random(6)
-    sentences, where_, holder_, _ = tell_story(rng)
-    summary = final_state(where_, holder_)
-    where, holder, _ = replay(sentences)
-    assert summary[-1] == "."
-    clauses = " ".join(summary[:-1]).split(" , ")
-    assert [c.split()[0] for c in clauses] == list(dict.fromkeys(s[0] for s in sentences if s[-2] in PLACES))
-    for c in clauses:
-        person, place = c.split()[0], c.split()[4]
-        assert place == where[person]
-        assert sorted(w for w in c.split()[5:] if w in OBJECTS) == sorted(o for o, h in holder.items() if h == person)
-    assert final_state({"mary": ("kitchen", 0)}, {"apple": "mary", "milk": "mary"}) == \
-        "mary is in the kitchen with the apple and the milk .".split()
 
 
 def test_encode_names_a_word_outside_the_vocabulary():

@@ -11,7 +11,7 @@ from transformer_lib.applications import QA_PLACES, last_place, nearest_place
 from transformer_lib.exercises.applications import (
     check_best_span,
     check_reader,
-    check_rouge1,
+    check_rouge_l,
     check_where_is_object,
 )
 
@@ -33,10 +33,25 @@ def where_is_object(sentences, obj):
     return answer_of(sentences, ["where", "is", "the", obj, "?"])
 
 
-def rouge1_f(prediction, reference):
-    overlap = sum((Counter(prediction) & Counter(reference)).values())
-    p, r = overlap / len(prediction), overlap / len(reference)
-    return 2 * p * r / (p + r) if overlap else 0.0
+def lcs(p, r):
+    table = [[0] * (len(r) + 1) for _ in range(len(p) + 1)]
+    for i, a in enumerate(p):
+        for j, b in enumerate(r):
+            table[i + 1][j + 1] = table[i][j] + 1 if a == b else max(table[i][j + 1], table[i + 1][j])
+    return table[-1][-1]
+
+
+def rouge_l_f(prediction, reference):
+    n = lcs(prediction, reference)
+    return 2 * n / (len(prediction) + len(reference)) if n else 0.0
+
+
+def longest_run(p, r):
+    runs = [[0] * (len(r) + 1) for _ in range(len(p) + 1)]
+    for i, a in enumerate(p):
+        for j, b in enumerate(r):
+            runs[i + 1][j + 1] = runs[i][j] + 1 if a == b else 0
+    return max(map(max, runs))
 
 
 def test_check_reader_passes_a_perfect_reader_and_names_the_heuristic_a_weak_one_follows(capsys):
@@ -73,10 +88,12 @@ GRADERS = [
         (lambda sentences, obj: where_is_object(sentences, obj).split()[-1],     # the place's last word only
          "a place is every word after the verb of a move"),
     ]),
-    grader_row(check_rouge1, correct=[rouge1_f, lambda p, r: float(rouge1_f(p, r))], mistakes=[   # any real number type
-        (lambda p, r: 2 * sum(w in r for w in p) / (len(p) + len(r)),
-         r"count each word at most min\(count in prediction, count in reference\)"),
-        (lambda p, r: sum((Counter(p) & Counter(r)).values()) / len(r), "ROUGE-1 F1 is"),       # recall, not F1
-        (lambda p, r: sum((Counter(p) & Counter(r)).values()) / len(p), "ROUGE-1 F1 is"),       # precision
+    grader_row(check_rouge_l, correct=[rouge_l_f, lambda p, r: torch.tensor(rouge_l_f(p, r), dtype=torch.float32)],
+               mistakes=[
+        (lambda p, r: 2 * longest_run(p, r) / (len(p) + len(r)), "a substring"),
+        (lambda p, r: 2 * sum((Counter(p) & Counter(r)).values()) / (len(p) + len(r)), "your score is ROUGE-1"),
+        (lambda p, r: lcs(p, r) / len(r), "you returned the recall"),
+        (lambda p, r: lcs(p, r) / len(p), "you returned the precision"),
+        (lambda p, r: 0.5, r"ROUGE-L F1 is \d"),                                    # a constant: no slip to name
     ]),
 ]

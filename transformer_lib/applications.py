@@ -9,8 +9,8 @@ __all__ = ['PEOPLE', 'PLACES', 'QA_PLACES', 'OBJECTS', 'MOVES', 'TAKES', 'DROPS'
            'extract_pairs', 'is_test_module', 'shipped', 'shipped_pairs', 'pretraining_texts', 'lead_sentence',
            'name_words', 'nearest_summaries', 'summary_scores', 'train_docstring_bpe', 'load_docstring_bpe',
            'random_segmentation', 'span_corruption', 'encode_stream', 'pad_rows', 'corrupted_windows', 'pretrain_t5',
-           'encode_pairs', 'finetune_t5', 'generate_no_repeat', 'summarize', 'final_state', 'qa_from_pretrained',
-           'span_probabilities', 'answer_question', 't5_from_pretrained', 't5_summarize']
+           'encode_pairs', 'finetune_t5', 'generate_no_repeat', 'summarize', 'qa_from_pretrained', 'span_probabilities',
+           'answer_question', 't5_from_pretrained', 't5_summarize']
 
 # %% ../chapters/15_applications.ipynb #c003
 import random
@@ -26,7 +26,7 @@ from .validation import check_int, check_tensor, describe
 
 # %% ../chapters/15_applications.ipynb #c006
 PEOPLE = ("mary", "john", "sandra", "daniel")
-PLACES = ("kitchen", "garden", "office", "hallway", "bedroom", "bathroom")          # one-word rooms: Exercise 3's world
+PLACES = ("kitchen", "garden", "office", "hallway", "bedroom", "bathroom")          # one-word rooms: tell_story's default, unused here
 QA_PLACES = ("kitchen", "garden", "back garden", "hall", "hall next to the garden", "office next to the kitchen")
 OBJECTS = ("apple", "football", "milk")
 MOVES = ("went to", "moved to", "journeyed to", "travelled to")
@@ -35,7 +35,7 @@ DROPS = ("dropped", "put down", "left")
 SPECIALS = ("[PAD]", "[CLS]", "[SEP]")
 WORDS = sorted({w for group in (PEOPLE, PLACES, OBJECTS, MOVES, TAKES, DROPS) for p in group for w in p.split()}
                | {"the", ".", "where", "is", "?"})
-VOCAB = SPECIALS + tuple(WORDS)                   # Exercise 3's world: 34 tokens
+VOCAB = SPECIALS + tuple(WORDS)                   # the one-word world's vocabulary, unused here
 ID = {w: i for i, w in enumerate(VOCAB)}
 QA_VOCAB = SPECIALS + tuple(sorted(set(WORDS) - set(PLACES) | {w for p in QA_PLACES for w in p.split()}))
 QA_ID = {w: i for i, w in enumerate(QA_VOCAB)}    # the reader's world: 34 tokens (asserted below)
@@ -553,20 +553,6 @@ def summarize(model: T5, tokenizer, src, max_new_tokens: int = 48, no_repeat: in
                else generate_no_repeat(model, batch, max_new_tokens, no_repeat))
         out += [tokenizer.decode(row[:row.index(EOS)] if EOS in row else row) for row in ids.tolist()]
     return out
-
-# %% ../chapters/15_applications.ipynb #c15s03f
-# The sentence of a bAbI story's final state, which section 15.6 summarized until it moved to real text; Exercise 3's
-# grader (check_rouge1) still scores ROUGE-1 on such sentences.
-def final_state(where, holder):
-    """The final state of a story (as tell_story returns it) as one sentence, a word list: every person in the
-    order they first appear, their place and what they carry. Exercise 3's grader compares ROUGE-1 on these."""
-    clauses = []
-    for person, (place, _) in where.items():                # dicts keep insertion order: first appearance
-        clause = [person, "is", "in", "the", place]
-        for k, o in enumerate(o for o in OBJECTS if holder.get(o) == person):
-            clause += ["with" if k == 0 else "and", "the", o]
-        clauses.append(clause)
-    return [w for k, clause in enumerate(clauses) for w in ([","] if k else []) + clause] + ["."]
 
 # %% ../chapters/15_applications.ipynb #c15h1
 from .bert import BertConfig, BertForQuestionAnswering, load_hf_bert
