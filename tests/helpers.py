@@ -54,6 +54,22 @@ def noisy(hf_model, seed):
     return hf_model
 
 
+def wordpiece_tokenizer(words):
+    """A small BERT tokenizer (transformers.PreTrainedTokenizerFast over a tokenizers WordPiece model): the five
+    specials [PAD] [UNK] [CLS] [SEP] [MASK] (ids 0-4), then words; lower-cased, BERT's pre-tokenizer, and
+    "[CLS] A [SEP] B [SEP]" with segment 1 for B. What save_pretrained writes of it loads with AutoTokenizer."""
+    transformers, tokenizers = import_hf("transformers"), import_hf("tokenizers")
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    wordpiece = tokenizers.Tokenizer(tokenizers.models.WordPiece({w: i for i, w in enumerate(specials + list(words))},
+                                                                 unk_token="[UNK]"))
+    wordpiece.normalizer = tokenizers.normalizers.BertNormalizer(lowercase=True)
+    wordpiece.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
+    wordpiece.post_processor = tokenizers.processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=wordpiece, unk_token="[UNK]", pad_token="[PAD]",
+                                                cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+
+
 def max_diff(a, b) -> float:
     """The largest absolute difference between two tensors of one shape."""
     return (a - b).abs().max().item()

@@ -7,7 +7,7 @@ tokens with its greedy `generate`."""
 
 import pytest
 import torch
-from helpers import import_hf
+from helpers import import_hf, randomize, wordpiece_tokenizer
 
 from transformer_lib.applications import answer_question, span_probabilities, t5_summarize
 
@@ -19,38 +19,27 @@ CONTEXT = "Paris is the capital of France. It lies on the Seine, a big river. " 
 QUESTION = "What is the capital of France?"
 
 
-def noisy_(model, seed):
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.5 * torch.randn_like(p))          # every weight matters, LayerNorm gains included
-    return model
+def save_random(tmp_path_factory, name, build, tokenizer):
+    """Three directories, each what save_pretrained writes for build() with random weights (every parameter
+    N(0, 0.5^2), seeds 0-2) and tokenizer."""
+    paths = []
+    for seed in range(3):
+        path = tmp_path_factory.mktemp(f"{name}-{seed}")
+        randomize(build(), seed, std=0.5).save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        paths.append(path)
+    return paths
 
 
 @pytest.fixture(scope="module")
 def readers(tmp_path_factory):
-    """Directories holding what save_pretrained writes for three random BertForQuestionAnswering models and a
-    small WordPiece tokenizer."""
-    transformers, tokenizers = import_hf("transformers"), import_hf("tokenizers")
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    wordpiece = tokenizers.Tokenizer(tokenizers.models.WordPiece({w: i for i, w in enumerate(specials + WORDS)},
-                                                                 unk_token="[UNK]"))
-    wordpiece.normalizer = tokenizers.normalizers.BertNormalizer(lowercase=True)
-    wordpiece.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
-    wordpiece.post_processor = tokenizers.processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=wordpiece, unk_token="[UNK]", pad_token="[PAD]",
-                                                     cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+    """Three random BertForQuestionAnswering models and a small WordPiece tokenizer, as save_pretrained writes them."""
+    transformers = import_hf("transformers")
+    tokenizer = wordpiece_tokenizer(WORDS)
     assert 1 not in tokenizer(QUESTION, CONTEXT)["input_ids"]                  # no [UNK]: every word is known
     config = transformers.BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
                                      num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
-    paths = []
-    for seed in range(3):
-        path = tmp_path_factory.mktemp(f"bert-qa-{seed}")
-        noisy_(transformers.BertForQuestionAnswering(config), seed).save_pretrained(path)
-        tokenizer.save_pretrained(path)
-        paths.append(path)
-    return paths
+    return save_random(tmp_path_factory, "bert-qa", lambda: transformers.BertForQuestionAnswering(config), tokenizer)
 
 
 @pytest.mark.parametrize("windows", ["one", "several"])
@@ -101,13 +90,7 @@ def summarizers(tmp_path_factory):
                                                      eos_token="</s>")
     config = transformers.T5Config(vocab_size=len(tokenizer), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
                                    decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
-    paths = []
-    for seed in range(3):
-        path = tmp_path_factory.mktemp(f"t5-{seed}")
-        noisy_(transformers.T5ForConditionalGeneration(config), seed).save_pretrained(path)
-        tokenizer.save_pretrained(path)
-        paths.append(path)
-    return paths
+    return save_random(tmp_path_factory, "t5", lambda: transformers.T5ForConditionalGeneration(config), tokenizer)
 
 
 def test_t5_summarize_writes_transformers_greedy_tokens(summarizers):

@@ -7,7 +7,7 @@ directory and loaded from there (no mocks), and a Hub name fails instead of down
 
 import pytest
 import torch
-from helpers import import_hf
+from helpers import import_hf, wordpiece_tokenizer
 
 from transformer_lib.bert import BertForMaskedLM, bert_fill_mask, bert_from_pretrained
 
@@ -20,17 +20,8 @@ WORDS = ["the", "capital", "of", "france", "is", "paris", "berlin", "a", "city",
 def checkpoint(tmp_path_factory):
     """A directory holding what save_pretrained writes for a (tiny, random) BERT and its WordPiece tokenizer."""
     transformers = import_hf("transformers")
-    tokenizers = import_hf("tokenizers")
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    wordpiece = tokenizers.Tokenizer(tokenizers.models.WordPiece({w: i for i, w in enumerate(specials + WORDS)},
-                                                                 unk_token="[UNK]"))
-    wordpiece.normalizer = tokenizers.normalizers.BertNormalizer(lowercase=True)
-    wordpiece.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
-    wordpiece.post_processor = tokenizers.processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=wordpiece, unk_token="[UNK]", pad_token="[PAD]",
-                                                     cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
-    assert len(tokenizer) == len(specials + WORDS)
+    tokenizer = wordpiece_tokenizer(WORDS)
+    assert len(tokenizer) == 5 + len(WORDS)
     ids = tokenizer("The capital of France is [MASK].")["input_ids"]       # real words, one mask, no [UNK]
     assert ids[0] == 2 and ids[-1] == 3 and ids.count(4) == 1 and 1 not in ids and len(ids) == 9
     path = tmp_path_factory.mktemp("bert-random")
