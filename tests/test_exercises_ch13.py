@@ -104,18 +104,30 @@ def test_per_rank_mean_is_caught_in_float32_too():
 
 # --- exercise 3: gradient accumulation ----------------------------------------------------------------------
 
+def tokens(micro_batches):
+    return sum(int(mask.sum()) for _, _, mask in micro_batches)
+
+
 def accumulate_step(model, optimizer, loss_fn, micro_batches):
+    n = tokens(micro_batches)
     for micro_batch in micro_batches:
-        (loss_fn(model, micro_batch) / len(micro_batches)).backward()
+        (loss_fn(model, micro_batch) / n).backward()
     optimizer.step()
     optimizer.zero_grad()
 
 
 def zero_first(model, optimizer, loss_fn, micro_batches):        # zeroing before accumulating is as good
     optimizer.zero_grad()
-    for micro_batch in micro_batches:
-        (loss_fn(model, micro_batch) / len(micro_batches)).backward()
+    loss = sum(loss_fn(model, m) for m in micro_batches) / tokens(micro_batches)   # one backward: the same gradient
+    loss.backward()
     optimizer.step()
+
+
+def mean_of_means(model, optimizer, loss_fn, micro_batches):     # section 13.3's per-rank mean, in one process
+    for micro_batch in micro_batches:
+        (loss_fn(model, micro_batch) / micro_batch[2].sum() / len(micro_batches)).backward()
+    optimizer.step()
+    optimizer.zero_grad()
 
 
 def forgot_to_divide(model, optimizer, loss_fn, micro_batches):
@@ -125,35 +137,54 @@ def forgot_to_divide(model, optimizer, loss_fn, micro_batches):
     optimizer.zero_grad()
 
 
+def counted_padding(model, optimizer, loss_fn, micro_batches):
+    n = sum(mask.numel() for _, _, mask in micro_batches)
+    for micro_batch in micro_batches:
+        (loss_fn(model, micro_batch) / n).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def divided_by_k(model, optimizer, loss_fn, micro_batches):
+    for micro_batch in micro_batches:
+        (loss_fn(model, micro_batch) / len(micro_batches)).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
 def zeroed_between(model, optimizer, loss_fn, micro_batches):
+    n = tokens(micro_batches)
     for micro_batch in micro_batches:
         optimizer.zero_grad()
-        (loss_fn(model, micro_batch) / len(micro_batches)).backward()
+        (loss_fn(model, micro_batch) / n).backward()
     optimizer.step()
 
 
 def stepped_every_micro_batch(model, optimizer, loss_fn, micro_batches):
+    n = tokens(micro_batches)
     for micro_batch in micro_batches:
-        (loss_fn(model, micro_batch) / len(micro_batches)).backward()
+        (loss_fn(model, micro_batch) / n).backward()
         optimizer.step()
         optimizer.zero_grad()
 
 
 def never_zeroed(model, optimizer, loss_fn, micro_batches):
+    n = tokens(micro_batches)
     for micro_batch in micro_batches:
-        (loss_fn(model, micro_batch) / len(micro_batches)).backward()
+        (loss_fn(model, micro_batch) / n).backward()
     optimizer.step()
 
 
 def no_step(model, optimizer, loss_fn, micro_batches):
+    n = tokens(micro_batches)
     for micro_batch in micro_batches:
-        (loss_fn(model, micro_batch) / len(micro_batches)).backward()
+        (loss_fn(model, micro_batch) / n).backward()
     optimizer.zero_grad()
 
 
 def test_check_accumulate_names_mistakes_in_float32():
-    with pytest.raises(AssertionError, match="forgot to divide"):
-        check_accumulate(forgot_to_divide, dtype=torch.float32)
+    with pytest.raises(AssertionError, match="per-rank mean of section 13.3"):
+        check_accumulate(mean_of_means, dtype=torch.float32)
 
 
 # --- exercise 4: the random generators a resumed run needs ---------------------------------------------------
@@ -230,7 +261,10 @@ GRADERS = [
         (detached, "scalar tensor computed from loss_sum"),
     ], prints='check_token_mean_loss: 2 and 4'),
     grader_row(check_accumulate, correct=[accumulate_step, zero_first, Call(accumulate_step, dtype=torch.float32)], mistakes=[
-        (forgot_to_divide, "forgot to divide"),
+        (mean_of_means, "averaged the micro-batches' mean losses"),
+        (forgot_to_divide, "loss sums were not divided"),
+        (counted_padding, "padding included"),
+        (divided_by_k, "by the number of micro-batches"),
         (zeroed_between, "zeroed grads between micro-batches"),
         (stepped_every_micro_batch, "stepped every micro-batch"),
         (never_zeroed, "carried over"),

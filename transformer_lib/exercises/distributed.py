@@ -152,31 +152,44 @@ def check_token_mean_loss(fn, dtype=torch.float64, seed: int = 0) -> None:
 
 # --- Exercise 3: gradient accumulation -------------------------------------------------------------------------
 
-def _tiny_regression(dtype, seed):
+def _tiny_token_regression(dtype, seed):
+    """A model and two padded batches of 8 rows of up to 6 'tokens' each: (x (8, 6, 5), y (8, 6, 3), mask (8, 6)),
+    mask True on a row's real tokens (1 to 6 of them), so that the micro-batches hold unequal token counts."""
     g = torch.Generator().manual_seed(seed)
     model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3)).to(dtype)
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64).to(dtype))
-    batches = [(torch.randn(8, 5, generator=g, dtype=torch.float64).to(dtype),
-                torch.randn(8, 3, generator=g, dtype=torch.float64).to(dtype)) for _ in range(2)]
+    batches = []
+    for _ in range(2):
+        lengths = torch.randint(1, 7, (8,), generator=g)
+        mask = torch.arange(6)[None, :] < lengths[:, None]                                    # (8, 6)
+        batches.append((torch.randn(8, 6, 5, generator=g, dtype=torch.float64).to(dtype),
+                        torch.randn(8, 6, 3, generator=g, dtype=torch.float64).to(dtype), mask))
     return model, batches
 
 
-def _mse(model, batch):
-    """The mean loss of a batch (or micro-batch)."""
-    x, y = batch
-    return F.mse_loss(model(x), y)
+def _token_loss_sum(model, batch):
+    """The SUM of a (micro-)batch's token losses over its real tokens (mask), padding excluded."""
+    x, y, mask = batch
+    return (((model(x) - y) ** 2).mean(-1) * mask).sum()
 
 
-def _accumulated_steps(model, batches, K, lr, divide=True, zero_between=False, step_each=False, zero_after=True):
-    """Two optimizer steps of plain SGD, each from the K micro-batches of a batch, done right or with one mistake."""
+def _accumulated_steps(model, batches, K, lr, norm="tokens", zero_between=False, step_each=False, zero_after=True):
+    """Two optimizer steps of plain SGD, each from the K micro-batches of a batch, done right (norm="tokens": divide
+    every micro-batch's loss sum by the batch's real token count) or with one mistake."""
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    for x, y in batches:
-        for micro in zip(x.chunk(K), y.chunk(K), strict=True):
+    for batch in batches:
+        micro_batches = list(zip(*(t.chunk(K) for t in batch), strict=True))
+        n_tokens = sum(int(m[2].sum()) for m in micro_batches)
+        n_positions = sum(m[2].numel() for m in micro_batches)
+        for micro in micro_batches:
             if zero_between:
                 optimizer.zero_grad()
-            (_mse(model, micro) / (K if divide else 1)).backward()
+            loss = _token_loss_sum(model, micro)
+            loss = {"tokens": loss / n_tokens, "means": loss / micro[2].sum() / K, "sum": loss,
+                    "positions": loss / n_positions, "K": loss / K}[norm]
+            loss.backward()
             if step_each:
                 optimizer.step()
                 optimizer.zero_grad()
@@ -188,40 +201,45 @@ def _accumulated_steps(model, batches, K, lr, divide=True, zero_between=False, s
 
 
 def check_accumulate(fn, dtype=torch.float64, K: int = 4, lr: float = 0.1, seed: int = 0) -> None:
-    """Test fn(model, optimizer, loss_fn, micro_batches) -> None: ONE optimizer step from the gradients of the K
-    equal micro-batches (loss_fn(model, micro_batch) is the mean loss of a micro-batch). Two calls, each with 4
-    micro-batches of one batch of a tiny regression, plain SGD, must leave the weights of two full-batch steps.
-    Names: forgot to divide by K, zeroed the gradients between micro-batches, stepped every micro-batch,
-    gradients carried over from the previous step."""
-    model, batches = _tiny_regression(dtype, seed)
+    """Test fn(model, optimizer, loss_fn, micro_batches) -> None: ONE optimizer step whose gradient is that of the
+    whole batch's token mean, from K micro-batches (x, y, mask) of a padded batch; loss_fn(model, micro_batch)
+    returns the SUM of the micro-batch's token losses over its real tokens (mask True), and the micro-batches hold
+    unequal numbers of real tokens. Two calls, plain SGD, must leave the weights of two full-batch steps on the
+    token mean. Names: the mean of the micro-batches' means (section 13.3's per-rank mean), no division, padding
+    counted, divided by K only, zeroed the gradients between micro-batches, stepped every micro-batch, gradients
+    carried over from the previous step."""
+    model, batches = _tiny_token_regression(dtype, seed)
     want = _accumulated_steps(copy.deepcopy(model), batches, 1, lr)              # two full-batch steps
 
     def steps(**mistake):                                    # a fresh model, built only when it is needed
-        return lambda: _accumulated_steps(_tiny_regression(dtype, seed)[0], batches, K, lr, **mistake)
+        return lambda: _accumulated_steps(_tiny_token_regression(dtype, seed)[0], batches, K, lr, **mistake)
 
     def accumulated():
         optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-        for x, y in batches:
-            fn(model, optimizer, _mse, list(zip(x.chunk(K), y.chunk(K), strict=True)))
+        for batch in batches:
+            fn(model, optimizer, _token_loss_sum, list(zip(*(t.chunk(K) for t in batch), strict=True)))
         return [p.detach() for p in model.parameters()]
     grade(accumulated, lambda: want, {"": ()}, {
         "the weights did not change: call optimizer.step() once the micro-batches are done":
-            lambda: [p.detach().double() for p in _tiny_regression(dtype, seed)[0].parameters()],
-        f"forgot to divide: each micro-batch's mean loss must be divided by the number of micro-batches ({K}), or "
-        f"the summed gradient is {K} times the full batch's": steps(divide=False),
+            lambda: [p.detach().double() for p in _tiny_token_regression(dtype, seed)[0].parameters()],
+        "you averaged the micro-batches' mean losses: a micro-batch with fewer real tokens then weighs each of its "
+        "tokens more, the per-rank mean of section 13.3; divide every micro-batch's loss sum by the real tokens of "
+        "the whole batch": steps(norm="means"),
+        "the loss sums were not divided: the gradient is the number of real tokens times the token mean's; divide "
+        "by the real tokens of the whole batch": steps(norm="sum"),
+        "you divided by every position, padding included: count only the real tokens (mask True)":
+            steps(norm="positions"),
+        f"you divided the loss sums by the number of micro-batches ({K}), not by the number of real tokens":
+            steps(norm="K"),
         "zeroed grads between micro-batches: only the last micro-batch's gradient reaches the step; zero them once "
         "per optimizer step": steps(zero_between=True),
-        "zeroed grads between micro-batches (and no division): only the last micro-batch counts":
-            steps(zero_between=True, divide=False),
         f"stepped every micro-batch: that is {K} small steps, not one step with the summed gradient; call "
         "optimizer.step() once, after the last micro-batch": steps(step_each=True),
-        f"stepped every micro-batch (and no division): {K} steps instead of one": steps(step_each=True, divide=False),
         "gradients carried over from the previous step: zero them after optimizer.step() (or before the first "
-        "micro-batch)": steps(zero_after=False),
-        "gradients carried over from the previous step, and not divided by the number of micro-batches":
-            steps(zero_after=False, divide=False)},
-          name="your model after two steps", against="two full-batch steps")
-    print(f"check_accumulate: {K} accumulated micro-batches give the full-batch step (two steps, SGD)")
+        "micro-batch)": steps(zero_after=False)},
+          name="your model after two steps", against="two full-batch steps on the token mean")
+    print(f"check_accumulate: {K} accumulated micro-batches of unequal token counts give the full-batch step on the "
+          "token mean (two steps, SGD)")
 
 
 # --- Exercise 4: what a resumed run must restore ---------------------------------------------------------------
