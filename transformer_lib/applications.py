@@ -272,6 +272,7 @@ from importlib.resources import files
 from pathlib import Path
 
 from .classifier import random_batches
+from .gpt import train_bpe
 from .t5 import T5, t5_generate, t5_loss
 from .validation import check_float
 
@@ -410,13 +411,7 @@ PAD, EOS, SENTINEL_0 = 0, 1, 2                                      # their ids:
 def train_docstring_bpe(texts, vocab_size: int):
     """A byte-level BPE (Chapter 11's train_bpe, with T5's special tokens in place of <|endoftext|>) trained on
     texts (an iterable of strings), merges kept if seen at least twice."""
-    from tokenizers import ByteLevelBPETokenizer
-
-    check_int("vocab_size", vocab_size, 256 + len(SPECIAL_TOKENS))
-    bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(list(texts), vocab_size=vocab_size, min_frequency=2, special_tokens=list(SPECIAL_TOKENS),
-                            show_progress=False)
-    return bpe
+    return train_bpe(texts, vocab_size, special_tokens=SPECIAL_TOKENS)
 
 
 def load_docstring_bpe():

@@ -52,14 +52,15 @@ def stdlib_sources(modules, stdlib=None) -> dict:
     return found
 
 # %% ../chapters/11_decoder_only.ipynb #c010x
-def train_bpe(texts, vocab_size: int):
+def train_bpe(texts, vocab_size: int, special_tokens=("<|endoftext|>",)):
     """A byte-level BPE tokenizer (GPT-2's scheme, Hugging Face's tokenizers) trained on texts (an iterable of
-    strings), merges kept if seen at least twice, with the special token <|endoftext|> (id 0)."""
+    strings), merges kept if seen at least twice, with special_tokens first (here <|endoftext|>, id 0; Chapter
+    15's T5 passes its padding, end and sentinel tokens)."""
     from tokenizers import ByteLevelBPETokenizer   # imported here: the library itself needs only torch and numpy
 
-    check_int("vocab_size", vocab_size, 257)       # the 256 bytes and <|endoftext|> come first
+    check_int("vocab_size", vocab_size, 256 + len(special_tokens))   # the specials and the 256 bytes come first
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(list(texts), vocab_size=vocab_size, min_frequency=2, special_tokens=["<|endoftext|>"],
+    bpe.train_from_iterator(list(texts), vocab_size=vocab_size, min_frequency=2, special_tokens=list(special_tokens),
                             show_progress=False)
     return bpe
 
