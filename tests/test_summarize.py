@@ -210,20 +210,50 @@ def test_pretraining_and_fine_tuning_learn_and_stop_after_their_first_steps():
     assert out[:2] == cut == ["Read a", "Add number"]                             # it learned the two summaries
 
 
-def test_check_span_corruption_passes_the_chapters_function_and_names_mistakes():
-    from transformer_lib.exercises.applications import check_span_corruption
+def corrupted_lengths(n, noise_density=0.15, mean_span_length=3.0):
+    """span_corruption's input and target lengths for n tokens, from its rules (the exercise's closed form)."""
+    dropped = min(max(round(noise_density * n), 1), n - 1)
+    spans = min(max(round(dropped / mean_span_length), 1), dropped, n - dropped)
+    return n - dropped + spans + 1, dropped + spans + 2
 
-    check_span_corruption(span_corruption)
+
+def test_the_closed_form_lengths_are_span_corruptions():
+    for settings in ((0.15, 3.0), (0.3, 5.0), (0.1, 2.0)):
+        for n in range(2, 300):
+            inputs, targets = span_corruption(list(range(100, 100 + n)), random.Random(n), *settings)
+            assert (len(inputs), len(targets)) == corrupted_lengths(n, *settings)
+
+
+def raw_length(inputs_length, noise_density=0.15, mean_span_length=3.0, *, eos=1, sentinels=1, target=2, extra=0):
+    def fits(n):
+        dropped = min(max(round(noise_density * n), 1), n - 1)
+        spans = min(max(round(dropped / mean_span_length), 1), dropped, n - dropped)
+        return n - dropped + sentinels * spans + eos <= inputs_length
+    n = 2
+    while fits(n + 1):
+        n += 1
+    n += extra
+    return n, corrupted_lengths(n, noise_density, mean_span_length)[1] + target - 2
+
+
+def test_check_raw_length_passes_a_right_answer_and_names_mistakes():
+    from transformer_lib.exercises.applications import check_raw_length
+
+    check_raw_length(raw_length)
+    assert raw_length(512) == (568, 115)           # T5's pipeline cuts 568 raw tokens for 512 (its target: 114, no last sentinel)
     mistakes = {
-        "must each end with EOS": lambda ids, rng: (span_corruption(ids, rng)[0][:-1], span_corruption(ids, rng)[1]),
-        "then one more sentinel": lambda ids, rng: (lambda x, y: (x, y[:-2] + [EOS]))(*span_corruption(ids, rng)),
-        "mean span length is 1.00": lambda ids, rng: span_corruption(ids, rng, mean_span_length=1.0),
-        "tokens dropped": lambda ids, rng: span_corruption(ids, rng, noise_density=0.3),
-        "does not give the sequence back": lambda ids, rng: (lambda x, y: (x[:1] + x[2:], y))(*span_corruption(ids, rng)),
+        "EOS is not counted": dict(eos=0),
+        "sentinels are not counted": dict(sentinels=0),
+        "neither the sentinels nor the EOS": dict(sentinels=0, eos=0),
+        "one past the largest": dict(extra=1),
+        "closing sentinel or its EOS": dict(target=1),
+        r"cases wrong\)$": dict(target=3),                          # not a named slip: the numbers only
     }
-    for message, corrupt in mistakes.items():
+    for message, slip in mistakes.items():
         with pytest.raises(AssertionError, match=message):
-            check_span_corruption(corrupt)
+            check_raw_length(lambda length, d, m, slip=slip: raw_length(length, d, m, **slip))
+    with pytest.raises(AssertionError, match="must return a pair"):
+        check_raw_length(lambda length, d, m: raw_length(length, d, m)[0])
 
 
 def test_summarize_seeds_runs_and_its_committed_results_match_its_defaults(tmp_path):
