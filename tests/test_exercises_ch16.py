@@ -1,0 +1,199 @@
+"""Chapter 16's graders (transformer_lib.exercises.assistant): the reference answers pass, and typical mistakes are
+caught with a message that names them."""
+
+import codecs
+import collections
+import time
+from itertools import pairwise
+
+import pytest
+from helpers import grader_row
+
+from transformer_lib.assistant import merge_pair
+from transformer_lib.exercises.assistant import check_bpe_merges, check_stream_decode
+
+# --- exercise 1: decoding a stream of tokens
+
+
+def incremental(tok, ids):
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    shown = [utf8.decode(tok.token_bytes(i)) for i in ids]
+    if shown:
+        shown[-1] += utf8.decode(b"", final=True)
+    return shown
+
+
+def by_lead_bytes(tok, ids):                           # the bookkeeping done by hand: hold back an unfinished tail
+    shown, pending = [], b""
+    for i in ids:
+        pending += tok.token_bytes(i)
+        cut = len(pending)
+        for back in range(1, min(4, len(pending)) + 1):
+            byte = pending[-back]
+            if byte >= 0xC0:                           # a lead byte: its character needs 2, 3 or 4 bytes
+                need = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+                cut = len(pending) - back if back < need else len(pending)
+                break
+            if byte < 0x80:
+                break
+        shown.append(pending[:cut].decode("utf-8", errors="replace"))
+        pending = pending[cut:]
+    if pending:
+        shown[-1] += pending.decode("utf-8", errors="replace")
+    return shown
+
+
+def each_token_alone(tok, ids):
+    return [tok.decode([i]) for i in ids]
+
+
+def whole_text_so_far(tok, ids):
+    return [tok.decode(ids[:k + 1]) for k in range(len(ids))]
+
+
+def all_at_the_end(tok, ids):
+    return [""] * (len(ids) - 1) + [tok.decode(ids)] if ids else []
+
+
+def bytes_dropped(tok, ids):
+    return [tok.token_bytes(i).decode("utf-8", errors="ignore") for i in ids]
+
+
+def differences_of_prefixes(tok, ids):                # new text = decode(prefix) minus what was shown: '�' leaks
+    shown, before = [], ""
+    for k in range(len(ids)):
+        now = tok.decode(ids[:k + 1])
+        shown.append(now[len(before):])
+        before = now
+    return shown
+
+
+def one_string(tok, ids):
+    return tok.decode(ids)
+
+
+def test_stream_grader_wants_one_string_per_id():
+    with pytest.raises(AssertionError, match="return a list of str"):
+        check_stream_decode(one_string)
+    with pytest.raises(AssertionError, match="one str per token id"):
+        check_stream_decode(lambda tok, ids: incremental(tok, ids) + [""])
+
+
+# --- exercise 2: merges by hand
+
+
+def merges(word_counts, num_merges):
+    vocab = sorted({c for word in word_counts for c in word})
+    ids = {t: i for i, t in enumerate(vocab)}
+    words = [([ids[c] for c in word], n) for word, n in word_counts.items()]
+    out = []
+    for _ in range(num_merges):
+        counts = collections.Counter()
+        for seq, n in words:
+            for pair in pairwise(seq):
+                counts[pair] += n
+        if not counts:
+            break
+        a, b = max(counts, key=lambda p: (counts[p], -p[0], -p[1]))
+        token = vocab[a] + vocab[b]
+        if token not in ids:
+            ids[token] = len(vocab)
+            vocab.append(token)
+        out.append((vocab[a], vocab[b]))
+        words = [(merge_pair(seq, (a, b), ids[token]), n) for seq, n in words]
+    return out
+
+
+def merges_as_lists(word_counts, num_merges):          # [left, right] lists are pairs too
+    return [list(m) for m in merges(word_counts, num_merges)]
+
+
+def with_library(word_counts, num_merges):             # the chapter's trainer on the words as byte pieces
+    from transformer_lib.assistant import BYTE_CHARS, train_byte_bpe
+    text = "\n".join(w for w, n in word_counts.items() for _ in range(n))     # newline: a piece of its own
+    tok = train_byte_bpe([text], 256 + num_merges, min_frequency=1, special_tokens=())
+    decode = {c: chr(b) for b, c in enumerate(BYTE_CHARS)}
+    return [("".join(decode[c] for c in tok.vocab[a]), "".join(decode[c] for c in tok.vocab[b]))
+            for a, b in tok.merges if "Ċ" not in tok.vocab[a] + tok.vocab[b]][:num_merges]
+
+
+def unweighted(word_counts, num_merges):
+    return merges({w: 1 for w in word_counts}, num_merges)
+
+
+def _with_key(word_counts, num_merges, key, count_pairs=None):
+    vocab = sorted({c for word in word_counts for c in word})
+    ids = {t: i for i, t in enumerate(vocab)}
+    words = [([ids[c] for c in word], n) for word, n in word_counts.items()]
+    out = []
+    for _ in range(num_merges):
+        counts = collections.Counter()
+        for seq, n in words:
+            if count_pairs:
+                count_pairs(counts, seq, n)
+            else:
+                for pair in pairwise(seq):
+                    counts[pair] += n
+        if not counts:
+            break
+        a, b = max(counts, key=lambda p: key(counts, vocab, p))
+        token = vocab[a] + vocab[b]
+        if token not in ids:
+            ids[token] = len(vocab)
+            vocab.append(token)
+        out.append((vocab[a], vocab[b]))
+        words = [(merge_pair(seq, (a, b), ids[token]), n) for seq, n in words]
+    return out
+
+
+def ties_to_largest_ids(word_counts, num_merges):
+    return _with_key(word_counts, num_merges, lambda counts, vocab, p: (counts[p], p[0], p[1]))
+
+
+def ties_alphabetical(word_counts, num_merges):
+    return _with_key(word_counts, num_merges,
+                     lambda counts, vocab, p: (counts[p], [-ord(c) for c in vocab[p[0]] + "\0" + vocab[p[1]]]))
+
+
+def overlap_counted_once(word_counts, num_merges):
+    def count(counts, seq, n):
+        i = 0
+        while i < len(seq) - 1:
+            counts[seq[i], seq[i + 1]] += n
+            i += 2 if i + 2 < len(seq) and seq[i] == seq[i + 1] == seq[i + 2] else 1   # skip into aaa's run
+    return _with_key(word_counts, num_merges, lambda counts, vocab, p: (counts[p], -p[0], -p[1]), count)
+
+
+def as_ids(word_counts, num_merges):
+    return [(0, 1)] * num_merges
+
+
+def test_merges_grader_wants_pairs_of_strings():
+    with pytest.raises(AssertionError, match="pairs of str"):
+        check_bpe_merges(as_ids)
+    with pytest.raises(AssertionError, match="stop when no pair is left"):
+        check_bpe_merges(lambda word_counts, k: merges(word_counts, k) + [("x", "x")] * (k - len(merges(word_counts, k))))
+
+
+def test_graders_are_fast():
+    start = time.perf_counter()
+    check_stream_decode(incremental)
+    check_bpe_merges(merges)
+    assert time.perf_counter() - start < 2
+
+
+GRADERS = [
+    grader_row(check_stream_decode, correct=[incremental, by_lead_bytes], mistakes=[
+        (each_token_alone, "decoding each token alone cuts it"),
+        (whole_text_so_far, "whole text so far"),
+        (all_at_the_end, "as soon as its last byte has arrived"),
+        (bytes_dropped, "characters are missing"),
+        (differences_of_prefixes, "shows '\ufffd'"),
+    ], prints="a stream cut inside a character"),
+    grader_row(check_bpe_merges, correct=[merges, merges_as_lists, with_library], mistakes=[
+        (unweighted, "counts not weighted"),
+        (ties_to_largest_ids, "tie broken the other way"),
+        (ties_alphabetical, "alphabetical order"),
+        (overlap_counted_once, "overlapping pair counted once"),
+    ], prints="5 small vocabularies"),
+]
