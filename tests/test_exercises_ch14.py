@@ -2,15 +2,18 @@
 typical mistakes are caught with a message that names them."""
 
 import torch
+import torch.nn.functional as F
 from helpers import grader_row
 
+from transformer_lib.attention import causal_mask, scaled_dot_product_attention
 from transformer_lib.exercises.llama import (
-    check_gqa_cache_bytes,
-    check_lora_merge,
+    check_gqa_attention,
+    check_lora_from_update,
     check_online_merge,
     check_rope,
 )
 from transformer_lib.llama import RotaryEmbedding
+from transformer_lib.multi_head import MultiHeadAttention
 
 
 def rope(x, offset, neighbours=False, backwards=False, exponent=2):
@@ -35,6 +38,25 @@ def rescaled_wrong_way(m1, l1, m2, l2):
     return m, l1 * torch.exp(m - m1) + l2 * torch.exp(m - m2)
 
 
+def gqa(q, k, v, repeat="interleave", causal=True, scale=None, axis=-1):
+    group = q.size(1) // k.size(1)
+    if repeat == "interleave":
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    else:
+        k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
+    s = q @ k.transpose(-2, -1) * (scale or q.size(-1) ** -0.5)
+    if causal:
+        s = s.masked_fill(~causal_mask(q.size(-2)), float("-inf"))
+    return s.softmax(axis) @ v
+
+
+def lora_from_update(W, W_tuned, rank, alpha, of="update", end="largest", values=True, undo_scale=True):
+    U, S, Vh = torch.linalg.svd(W_tuned - W if of == "update" else W_tuned, full_matrices=False)
+    keep = slice(0, rank) if end == "largest" else slice(len(S) - rank, len(S))
+    A, B = Vh[keep], U[:, keep] * (S[keep] if values else 1)
+    return A, B * (rank / alpha if undo_scale else 1)
+
+
 GRADERS = [
     grader_row(check_rope, correct=[lambda x, offset: RotaryEmbedding(x.size(-1))(x, offset),
                                     lambda x, offset: rope(x.double(), offset)], mistakes=[
@@ -44,12 +66,15 @@ GRADERS = [
         (lambda x, offset: rope(x, 0), "offset"),
         (lambda x, offset: x[..., :2], "shape"),
     ]),
-    grader_row(check_gqa_cache_bytes, correct=[lambda L, h, kv, d, b: 2 * L * kv * (d // h) * b], mistakes=[
-        (lambda L, h, kv, d, b: 2 * L * h * (d // h) * b, "num_kv_heads"),
-        (lambda L, h, kv, d, b: L * kv * (d // h) * b, "K or V"),
-        (lambda L, h, kv, d, b: 2 * kv * (d // h) * b, "layers"),
-        (lambda L, h, kv, d, b: 2 * L * kv * d * b, "d_k"),
-        (lambda L, h, kv, d, b: 16 * L * kv * (d // h) * b, "bits"),
+    grader_row(check_gqa_attention, correct=[
+        gqa, lambda q, k, v: gqa(q.double(), k.double(), v.double()),
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+    ], mistakes=[
+        (lambda q, k, v: gqa(q, k, v, repeat="tile"), "interleaved.*i // \\(h / h_kv\\)"),
+        (lambda q, k, v: gqa(q, k, v, causal=False), "no causal mask"),
+        (lambda q, k, v: gqa(q, k, v, scale=1 / q.size(-1)), "1/sqrt\\(d_k\\)"),
+        (lambda q, k, v: gqa(q, k, v, axis=-2).nan_to_num(), "over the queries"),
+        (lambda q, k, v: gqa(q[:, :k.size(1)], k, v), "one output head per K/V head"),
     ]),
     grader_row(check_online_merge, correct=[merge, lambda *a: tuple(v.double() for v in merge(*a))], mistakes=[
         (lambda m1, l1, m2, l2: (torch.maximum(m1, m2), l1 + l2), "rescale"),
@@ -57,13 +82,33 @@ GRADERS = [
         (lambda m1, l1, m2, l2: (torch.maximum(m1, m2), torch.tensor(float("nan"))), "not finite"),  # exp(-inf + inf)
         (lambda m1, l1, m2, l2: l1 + l2, "pair"),
     ]),
-    grader_row(check_lora_merge, correct=[
-        lambda W, A, B, alpha: W + (alpha / A.shape[0]) * B @ A,
-        lambda W, A, B, alpha: (W.double() + (alpha / A.shape[0]) * B.double() @ A.double()),
+    grader_row(check_lora_from_update, correct=[
+        lora_from_update,
+        lambda W, Wt, r, a: tuple(t.double() for t in lora_from_update(W.double(), Wt.double(), r, a)),
+        lambda W, Wt, r, a: lora_from_update(W, Wt, r, a)[::-1][::-1],
     ], mistakes=[
-        (lambda W, A, B, alpha: W + B @ A, "scale alpha / rank is missing"),
-        (lambda W, A, B, alpha: W + alpha * B @ A, "not alpha"),
-        (lambda W, A, B, alpha: W.clone(), "update B A is missing"),
-        (lambda W, A, B, alpha: A, "shape"),
+        (lambda *x: lora_from_update(*x, undo_scale=False), "scale is not undone"),
+        (lambda *x: lora_from_update(*x, of="W_tuned"), "SVD of W_tuned itself"),
+        (lambda *x: lora_from_update(*x, end="smallest"), "smallest singular values"),
+        (lambda *x: lora_from_update(*x, values=False), "singular values were dropped"),
+        (lambda *x: lora_from_update(*x)[::-1], "you returned \\(B, A\\)"),
+        (lambda *x: lora_from_update(*x)[0], "pair \\(A, B\\)"),
     ]),
 ]
+
+
+def test_gqa_reference_is_multi_head_attentions_grouping():
+    """What check_gqa_attention calls grouped-query attention is what MultiHeadAttention(num_kv_heads=...) computes
+    between its projections: query heads 0..h/h_kv - 1 share K/V head 0, and so on."""
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(32, 8, dropout=0.0, bias=False, num_kv_heads=2).double().eval()
+    x = torch.randn(2, 6, 32, dtype=torch.float64)
+    q = attn.W_q(x).view(2, 6, 8, 4).transpose(1, 2)
+    k, v = (W(x).view(2, 6, 2, 4).transpose(1, 2) for W in (attn.W_k, attn.W_v))
+    ours = attn.W_o(gqa(q, k, v).transpose(1, 2).reshape(2, 6, 32))
+    with torch.no_grad():
+        want, _ = attn(x, x, x, is_causal=True)
+    assert (ours - want).abs().max() < 1e-12
+    assert (ours - attn.W_o(gqa(q, k, v, repeat="tile").transpose(1, 2).reshape(2, 6, 32))).abs().max() > 1e-3
+    assert (scaled_dot_product_attention(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1),
+                                         causal_mask(6)[None, None])[0] - gqa(q, k, v)).abs().max() < 1e-12
