@@ -171,3 +171,16 @@ GRADERS = [
         (lambda S, r, L: [[True] * S] * S, "must return an \\(S, S\\) tensor"),
     ], prints="check_reach: right in all"),
 ]
+
+
+def test_the_check_command_finds_the_exercises_by_their_names():
+    from transformer_lib.check import run_checks
+
+    results = run_checks({"packing_mask": packing_mask, "packed_positions": packed_positions, "reach": reach,
+                          "left_pad_positions": left_pad_positions})
+    assert [(name, passed) for name, passed, _ in results] == [
+        ("packing_mask", True), ("left_pad_positions", True), ("reach", True)]
+    (name, passed, verdict), = run_checks({"packing_mask": packing_mask, "packed_positions": packed_row_positions})
+    assert not passed and "count from the start of the row" in verdict and "chapter 6, exercise 1" in verdict
+    (name, passed, verdict), = run_checks({"packing_mask": packing_mask})
+    assert not passed and "needs packed_positions too" in verdict

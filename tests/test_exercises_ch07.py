@@ -219,3 +219,16 @@ GRADERS = [
         (lambda T: fixed_future_mask(T)[0], "expected"),
     ], prints='check_future_mask: correct'),
 ]
+
+
+def test_the_check_command_finds_the_exercises_by_their_names():
+    from transformer_lib.check import run_checks
+
+    results = run_checks({"prefix_lm_mask": prefix_lm_mask, "two_way_tied": two_way_tied,
+                          "fixed_future_mask": fixed_future_mask})
+    assert sorted((name, passed) for name, passed, _ in results) == [
+        ("fixed_future_mask", True), ("prefix_lm_mask", True), ("two_way_tied", True)]
+    (name, passed, verdict), = run_checks({"fixed_future_mask": sees_the_next_token})
+    assert not passed and "leaks the next token" in verdict and "chapter 7, exercise 4" in verdict
+    (name, passed, verdict), = run_checks({"my_prefix_lm_mask": prefix_causal_only})
+    assert not passed and "causal in the prefix too" in verdict
