@@ -241,7 +241,7 @@ def check_packing(packing_mask, packed_positions, seed: int = 0) -> None:
         return ri and rj and si == sj
     mask_slips = {
         "your mask lets a token attend to the other sentences packed into its row (a padding mask): each sentence "
-        "must stay alone, as if encoded in a row of its own; allow key j only where it has query i's segment id":
+        "must stay alone, as if encoded in a row of its own":
             lambda s: real_rows(_pair_rule(s, lambda i, j, si, sj, ri, rj: rj), s),
         "your mask is causal inside each sentence (key j <= query i): an encoder reads its sentence in both "
         "directions": lambda s: real_rows(_pair_rule(s, lambda i, j, si, sj, ri, rj: own(i, j, si, sj, ri, rj)
@@ -286,6 +286,9 @@ def check_packing(packing_mask, packed_positions, seed: int = 0) -> None:
 
 
 # --- exercise 3: how far information travels through L layers of restricted self-attention
+import functools
+
+@functools.lru_cache(maxsize=64)
 def _reach_by_autograd(S: int, r: int, L: int, seed: int = 0) -> torch.Tensor:
     """(S, S) bool: [i, j] True when output i of an L-layer Encoder (float64, random weights) whose self-attention
     may only look at keys with |i - j| <= r has a nonzero derivative with respect to input j (autograd)."""
@@ -302,7 +305,7 @@ def _reach_by_autograd(S: int, r: int, L: int, seed: int = 0) -> torch.Tensor:
         for i in range(S):                                              # d (out_i . probe_i) / d x_j, for every j
             grad, = torch.autograd.grad(out[i] @ probe[i], x, retain_graph=True)
             rows.append(grad[0].abs().amax(-1) > 1e-12)                 # (S,): which inputs reach output i
-    return torch.stack(rows)
+    return torch.stack(rows).clone()
 
 
 def check_reach(fn) -> None:
@@ -315,19 +318,23 @@ def check_reach(fn) -> None:
             raise Verdict(f"fn(S, r, L) must return an (S, S) tensor of True/False, got {describe(got)}")
         return got.cpu() != 0 if got.dtype != torch.bool else got.cpu()
 
-    def band(width):                                               # |i - j| <= width(S, r, L), a wrong reach
-        return lambda S, r, L: torch.tensor([[abs(i - j) <= width(r, L) for j in range(S)] for i in range(S)])
-    mistakes = {
-        "that is one layer's reach, |i - j| <= r: the next layer's attention reads outputs that already mix r "
-        "neighbours on each side, so every layer carries information r positions further": band(lambda r, L: r),
-        "your reach stops one position short: the farthest input that can reach output i is the one exactly as far "
-        "as the layers can carry it": band(lambda r, L: L * r - 1),
+    def distance(S):                                               # (S, S): |i - j|
+        return (torch.arange(S)[:, None] - torch.arange(S)[None, :]).abs()
+
+    def one_short(S, r, L):                                        # autograd's reach without its farthest inputs
+        reached = _reach_by_autograd(S, r, L)
+        return reached & (distance(S) < distance(S)[reached].max())
+    mistakes = {   # the wrong reaches are computed from autograd's (other r or L), not from a formula
+        "that is one layer's reach, |i - j| <= r: the next layer's attention reads outputs that have already mixed "
+        "in their own neighbours": lambda S, r, L: _reach_by_autograd(S, r, 1),
+        "your reach stops one position short: the farthest inputs your layers can carry reach output i too":
+            one_short,
         "your reach is one layer too far: the embeddings and positional encodings mix no positions, only the L "
-        "attentions do": band(lambda r, L: (L + 1) * r),
-        "your reach grows like r to the power L: reaches add up over layers (r, then r more), they do not multiply":
-            band(lambda r, L: r ** L),
-        "your reach looks only backwards (j <= i): restricted self-attention in an encoder sees r keys on each side":
-            lambda S, r, L: torch.tensor([[0 <= i - j <= L * r for j in range(S)] for i in range(S)]),
+        "attentions do": lambda S, r, L: _reach_by_autograd(S, r, L + 1),
+        "your reach grows like r to the power L: the layers' reaches do not multiply":
+            lambda S, r, L: distance(S) <= r ** L,
+        "your reach looks only backwards (j <= i): restricted self-attention in an encoder sees keys on each side":
+            lambda S, r, L: _reach_by_autograd(S, r, L).tril(),
     }
     cases = {f"S={S}, r={r}, L={L}": (S, r, L) for S, r, L in
              ((8, 1, 1), (10, 1, 3), (12, 2, 2), (16, 2, 3), (9, 3, 4), (6, 0, 3))}
