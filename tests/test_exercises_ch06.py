@@ -2,14 +2,14 @@
 integer dtypes, and typical mistakes are caught with a message that names them."""
 import copy
 
-import pytest
 import torch
-from helpers import grader_row
+from helpers import Call, grader_row
 
 from transformer_lib.exercises.encoder import (
-    check_balance_d_ff,
     check_encoder_layer,
     check_left_pad_positions,
+    check_packing,
+    check_reach,
 )
 
 # --- exercise 1: the encoder layer written by hand
@@ -74,31 +74,62 @@ def float_positions(tokens, pad_id):
     return left_pad_positions(tokens, pad_id).float()
 
 
-# --- exercise 3: the d_ff at which attention and FFN hold equally many parameters
+# --- exercise 1: sequence packing (segment ids -> a block-diagonal mask and per-sentence positions)
 
-def balance_d_ff(d):
-    return (4 * d * d + 3 * d) / (2 * d + 1)
-
-
-def forgot_the_biases(d):
-    return 2 * d
+def packing_mask(segments):
+    same = segments[:, :, None] == segments[:, None, :]
+    return (same & (segments > 0)[:, None, :])[:, None]
 
 
-def counted_one_projection(d):
-    return d * d / (2 * d + 1)
+def packed_positions(segments):
+    index = torch.arange(segments.size(1)).expand_as(segments)
+    first = torch.ones_like(segments, dtype=torch.bool)
+    first[:, 1:] = segments[:, 1:] != segments[:, :-1]
+    return index - torch.where(first, index, 0).cummax(1).values
 
 
-def forgot_w_o(d):
-    return (3 * d * d + 2 * d) / (2 * d + 1)
+def positions_by_loop(segments):                           # another correct answer: one count per sentence
+    out = torch.zeros_like(segments, dtype=torch.int32)
+    for b, row in enumerate(segments.tolist()):
+        for i, s in enumerate(row):
+            out[b, i] = 0 if i == 0 or row[i - 1] != s else out[b, i - 1] + 1
+    return out
 
 
-def only_linear2(d):
-    return (4 * d * d + 3 * d) / d
+def packed_row_positions(segments):                        # one count for the whole row
+    return torch.arange(segments.size(1)).expand_as(segments)
 
 
-def test_an_unrecognised_balance_reports_both_counts():
-    with pytest.raises(AssertionError, match=r"off by \+1.*attention holds"):
-        check_balance_d_ff(lambda d: balance_d_ff(d) + 1)
+def padding_only_mask(segments):                           # the sentences of a row see each other
+    return (segments > 0)[:, None, None, :].expand(-1, 1, segments.size(1), -1)
+
+
+def causal_blocks(segments):
+    S = segments.size(1)
+    return packing_mask(segments) & torch.ones(S, S, dtype=torch.bool).tril()
+
+
+def pad_keys_visible(segments):
+    same = segments[:, :, None] == segments[:, None, :]
+    return (same | (segments == 0)[:, None, :])[:, None]
+
+
+def with_positions(mask_fn):                               # a mask graded with the right positions
+    return Call(mask_fn, packed_positions)
+
+
+def with_mask(positions_fn):                               # positions graded with the right mask
+    return Call(packing_mask, positions_fn)
+
+
+# --- exercise 3: how far information travels through L restricted layers
+
+def reach(S, r, L):
+    return (torch.arange(S)[:, None] - torch.arange(S)[None, :]).abs() <= L * r
+
+
+def band(width):
+    return lambda S, r, L: (torch.arange(S)[:, None] - torch.arange(S)[None, :]).abs() <= width(r, L)
 
 
 GRADERS = [
@@ -114,12 +145,42 @@ GRADERS = [
         (minus_the_pads, "subtract the number of pads, which is right only when all padding is on the left"),
         (float_positions, "must be an integer tensor"),
     ], prints='check_left_pad_positions: correct'),
-    grader_row(check_balance_d_ff, correct=[balance_d_ff, lambda d: torch.tensor(balance_d_ff(d), dtype=torch.float32)], mistakes=[
-        (forgot_the_biases, "without the biases"),
-        (counted_one_projection, "counts one projection of attention's four"),
-        (forgot_w_o, "forgets the output projection W_o"),
-        (only_linear2, "counts only linear2"),
-        (lambda d: 4 * d, "base model's d_ff"),
-        (lambda d: "1024", "must be one number"),
-    ], prints='check_balance_d_ff: correct'),
+    grader_row(check_packing, correct=[
+        with_positions(packing_mask), with_positions(lambda s: packing_mask(s).expand(-1, 1, -1, -1).clone()),
+        with_mask(positions_by_loop),
+    ], mistakes=[
+        (with_positions(padding_only_mask), "attend to the other sentences packed into its row"),
+        (with_positions(causal_blocks), "causal inside each sentence"),
+        (with_positions(lambda s: ~packing_mask(s)), "inverted"),
+        (with_positions(pad_keys_visible), "see the padding keys"),
+        (with_positions(lambda s: packing_mask(s)[:, 0]), "give it a head axis"),
+        (with_positions(lambda s: packing_mask(s).float()), "must return a bool tensor"),
+        (with_mask(packed_row_positions), "count from the start of the row"),
+        (with_mask(lambda s: packed_positions(s) + 1), "start at 1"),
+        (with_mask(lambda s: packed_positions(s) * 0), "all your positions are 0"),
+        (with_mask(lambda s: packed_positions(s).float()), "must return an integer tensor"),
+        (with_mask(lambda s: packed_positions(s)[:, :-1]), "expected \\(B, S\\)"),
+    ], prints=["mask and positions right", "encode exactly as they do alone"]),
+    grader_row(check_reach, correct=[reach, lambda S, r, L: reach(S, r, L).float(), lambda S, r, L: reach(S, r, L).int()],
+               mistakes=[
+        (band(lambda r, L: r), "one layer's reach"),
+        (band(lambda r, L: L * r - 1), "stops one position short"),
+        (band(lambda r, L: (L + 1) * r), "one layer too far"),
+        (lambda S, r, L: reach(S, r, L) & (torch.arange(S)[:, None] >= torch.arange(S)), "looks only backwards"),
+        (lambda S, r, L: reach(S, r, L)[:, :-1], "expected \\(S, S\\)"),
+        (lambda S, r, L: [[True] * S] * S, "must return an \\(S, S\\) tensor"),
+    ], prints="check_reach: right in all"),
 ]
+
+
+def test_the_check_command_finds_the_exercises_by_their_names():
+    from transformer_lib.check import run_checks
+
+    results = run_checks({"packing_mask": packing_mask, "packed_positions": packed_positions, "reach": reach,
+                          "left_pad_positions": left_pad_positions})
+    assert [(name, passed) for name, passed, _ in results] == [
+        ("packing_mask", True), ("left_pad_positions", True), ("reach", True)]
+    (name, passed, verdict), = run_checks({"packing_mask": packing_mask, "packed_positions": packed_row_positions})
+    assert not passed and "count from the start of the row" in verdict and "chapter 6, exercise 1" in verdict
+    (name, passed, verdict), = run_checks({"packing_mask": packing_mask})
+    assert not passed and "needs packed_positions too" in verdict

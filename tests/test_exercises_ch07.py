@@ -2,13 +2,14 @@
 typical mistakes are caught with a message that names them."""
 import pytest
 import torch
-from helpers import Call, grader_row
+from helpers import grader_row
 
 from transformer_lib.exercises.decoder import (
     check_future_mask,
     check_parameter_count,
-    check_pre_norm,
+    check_prefix_lm_mask,
     check_tgt_mask,
+    check_two_way_tying,
 )
 from transformer_lib.model import Transformer, TransformerConfig
 
@@ -61,24 +62,86 @@ def forgot_cross_attention(c):
     return my_parameter_count(c) - c.num_decoder_layers * (4 * d * d + 4 * d + 2 * d)
 
 
-# --- exercise 3: the pre-norm model equals nn.Transformer(norm_first=True)
+# --- exercise 1: a prefix LM's mask
 
-def small_config(**overrides):
-    fields = dict(d_model=32, num_heads=4, d_ff=64, num_encoder_layers=2, num_decoder_layers=2, dropout=0.0,
-                  norm_first=True)
-    return TransformerConfig(**{"src_vocab_size": 60, "tgt_vocab_size": 60, **fields, **overrides})
-
-
-def built(**overrides):
-    torch.manual_seed(0)
-    return Transformer(small_config(**overrides)).double().eval()
+def prefix_lm_mask(tokens, prefix_len, pad_id):
+    T = tokens.size(1)
+    in_prefix = torch.arange(T) < prefix_len[:, None]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    return ((causal | in_prefix[:, None, :]) & (tokens != pad_id)[:, None, :])[:, None]
 
 
-def test_check_pre_norm_leaves_the_global_random_state_alone():
+def prefix_causal_only(tokens, prefix_len, pad_id):
+    return my_tgt_mask(tokens, pad_id)
+
+
+def prefix_no_causal(tokens, prefix_len, pad_id):
+    T = tokens.size(1)
+    return (tokens != pad_id)[:, None, None, :].expand(-1, 1, T, -1)
+
+
+def prefix_one_longer(tokens, prefix_len, pad_id):
+    return prefix_lm_mask(tokens, prefix_len + 1, pad_id)
+
+
+def prefix_queries(tokens, prefix_len, pad_id):            # the prefix's queries see everything
+    T = tokens.size(1)
+    in_prefix = torch.arange(T) < prefix_len[:, None]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    return ((causal | in_prefix[:, :, None]) & (tokens != pad_id)[:, None, :])[:, None]
+
+
+def prefix_pads_visible(tokens, prefix_len, pad_id):
+    T = tokens.size(1)
+    in_prefix = torch.arange(T) < prefix_len[:, None]
+    return (torch.ones(T, T, dtype=torch.bool).tril() | in_prefix[:, None, :])[:, None]
+
+
+# --- exercise 3: two-way tying
+
+def two_way_tied(config):
+    model = Transformer(config)
+    model.generator.weight = model.tgt_embed.embedding.weight
+    return model
+
+
+def copied_values(config):
+    model = Transformer(config)
+    with torch.no_grad():
+        model.generator.weight.copy_(model.tgt_embed.weight)
+    return model
+
+
+def three_way(config):                                     # possible only for vocabularies of one size
+    model = two_way_tied(config)
+    if config.src_vocab_size == config.tgt_vocab_size:
+        model.src_embed.embedding.weight = model.tgt_embed.embedding.weight
+    return model
+
+
+def tied_to_source(config):
+    model = Transformer(config)
+    if config.src_vocab_size == config.tgt_vocab_size:
+        model.generator.weight = model.src_embed.embedding.weight
+    else:
+        model.generator.weight = model.tgt_embed.embedding.weight
+    return model
+
+
+def embeddings_tied(config):                               # source = target embedding, the generator apart
+    model = Transformer(config)
+    if config.src_vocab_size == config.tgt_vocab_size:
+        model.src_embed.embedding.weight = model.tgt_embed.embedding.weight
+    else:
+        model.generator.weight = model.tgt_embed.embedding.weight
+    return model
+
+
+def test_two_way_tying_leaves_the_global_random_state_alone():
     torch.manual_seed(123)
     expected = torch.rand(3)
     torch.manual_seed(123)
-    check_pre_norm(small_config())
+    check_two_way_tying(two_way_tied)
     assert torch.equal(torch.rand(3), expected)
 
 
@@ -128,17 +191,25 @@ GRADERS = [
         (forgot_cross_attention, "cross-attention"),
         (lambda c: float(my_parameter_count(c)), "expected an int"),
     ], prints='check_parameter_count: exact'),
-    grader_row(check_pre_norm, correct=[
-        Call(build=built), Call(build=lambda: built().float()),
-        Call(build=lambda: built(tie_embeddings=False, tgt_vocab_size=70)), Call(build=small_config),
-    ], mistakes=[
-        (Call(build=lambda: built(norm_first=False)), r"post-norm \(config.norm_first=False\)"),
-        (Call(build=lambda: built(final_norm=False)), r"no final norm \(config.final_norm=False\).*RMS"),
-        (Call(build=lambda: built(dropout=0.1).train()), "dropout is active"),
-        (Call(build=lambda: torch.nn.Transformer(32, 4, 2, 2, 64, batch_first=True, norm_first=True)),
-         "PyTorch's nn.Transformer"),
-        ("norm_first=True", "expected a Transformer"),
-    ], prints='check_pre_norm: your pre-norm Transformer equals'),
+    grader_row(check_prefix_lm_mask, correct=[prefix_lm_mask, lambda *a: prefix_lm_mask(*a).clone()], mistakes=[
+        (prefix_causal_only, "causal in the prefix too"),
+        (prefix_no_causal, "see their future"),
+        (prefix_one_longer, "one token too long"),
+        (lambda t, p, pad: prefix_lm_mask(t, (p - 1).clamp(min=0), pad), "one token too short"),
+        (prefix_queries, "prefix's queries see every key"),
+        (prefix_pads_visible, "padding keys"),
+        (lambda *a: ~prefix_lm_mask(*a), "inverted"),
+        (lambda *a: prefix_lm_mask(*a)[:, 0], "give it a head axis"),
+        (lambda *a: prefix_lm_mask(*a).long(), "must be a bool tensor"),
+    ], prints="check_prefix_lm_mask: correct"),
+    grader_row(check_two_way_tying, correct=[two_way_tied], mistakes=[
+        (copied_values, "nothing is shared"),
+        (three_way, "all three matrices are one"),
+        (tied_to_source, "SOURCE embedding"),
+        (embeddings_tied, "source and target embeddings are one matrix"),
+        (lambda c: Transformer(TransformerConfig(c.src_vocab_size, c.src_vocab_size)), "nothing is shared|parameters"),
+        (lambda c: "a model", "must return this book's Transformer"),
+    ], prints="check_two_way_tying: the generator shares"),
     grader_row(check_future_mask, correct=[fixed_future_mask, lambda T: torch.ones(T, T, dtype=torch.bool).tril()], mistakes=[
         (sees_the_next_token, "position 0 sees position 1: your mask leaks the next token"),
         (cannot_see_itself, "position 0 cannot see itself.*attends to nothing"),
@@ -148,3 +219,16 @@ GRADERS = [
         (lambda T: fixed_future_mask(T)[0], "expected"),
     ], prints='check_future_mask: correct'),
 ]
+
+
+def test_the_check_command_finds_the_exercises_by_their_names():
+    from transformer_lib.check import run_checks
+
+    results = run_checks({"prefix_lm_mask": prefix_lm_mask, "two_way_tied": two_way_tied,
+                          "fixed_future_mask": fixed_future_mask})
+    assert sorted((name, passed) for name, passed, _ in results) == [
+        ("fixed_future_mask", True), ("prefix_lm_mask", True), ("two_way_tied", True)]
+    (name, passed, verdict), = run_checks({"fixed_future_mask": sees_the_next_token})
+    assert not passed and "leaks the next token" in verdict and "chapter 7, exercise 4" in verdict
+    (name, passed, verdict), = run_checks({"my_prefix_lm_mask": prefix_causal_only})
+    assert not passed and "causal in the prefix too" in verdict

@@ -103,11 +103,15 @@ COMPONENTS = {
     "LayerNorm": ((), "residual:check_layer_norm", "chapter 5, exercise 1", _layer_norm_from_class),
     "rms_norm": ((), "residual:check_rms_norm", "chapter 5, exercise 2", None),
     "RMSNorm": ((), "residual:check_rms_norm", "chapter 5, exercise 2", _rms_norm_from_class),
-    "encoder_layer": ((), "encoder:check_encoder_layer", "chapter 6, exercise 1", None),
+    "encoder_layer": ((), "encoder:check_encoder_layer", "chapter 6, the layer", None),
+    "packing_mask": (("packed_positions",), "encoder:check_packing", "chapter 6, exercise 1", None),
     "EncoderLayer": ((), "encoder:check_encoder_layer_module", "chapter 6, the layer", None),
     "left_pad_positions": ((), "encoder:check_left_pad_positions", "chapter 6, exercise 2", None),
-    "tgt_mask": ((), "decoder:check_tgt_mask", "chapter 7, exercise 1", None),
+    "reach": ((), "encoder:check_reach", "chapter 6, exercise 3", None),
+    "tgt_mask": ((), "decoder:check_tgt_mask", "chapter 7, the target mask", None),
+    "prefix_lm_mask": ((), "decoder:check_prefix_lm_mask", "chapter 7, exercise 1", None),
     "parameter_count": ((), "decoder:check_parameter_count", "chapter 7, exercise 2", None),
+    "two_way_tied": ((), "decoder:check_two_way_tying", "chapter 7, exercise 3", None),
     "causal_mask": ((), "decoder:check_future_mask", "chapter 7, exercise 4", _causal_mask_as_future_mask),
     "label_smoothing_loss": ((), "training:check_label_smoothing", "chapter 8, exercise 1", None),
     "length_penalty": ((), "training:check_length_penalty", "chapter 8, exercise 2", _length_penalty_as_score),
@@ -129,7 +133,8 @@ COMPONENTS = {
 # The exercises' names for the same components: my_<name> is read as <name>, and these as well.
 ALIASES = {"my_attention": "scaled_dot_product_attention", "my_encoding": "sinusoidal_encoding",
            "my_label_smoothing": "label_smoothing_loss", "my_buckets": "relative_position_bucket",
-           "save_generators": "rng_state", "restore_generators": "set_rng_state"}
+           "save_generators": "rng_state", "restore_generators": "set_rng_state",
+           "fixed_future_mask": "causal_mask"}
 
 
 def _canonical(name: str):
@@ -230,5 +235,3 @@ def main(argv=None) -> int:
 # saved as a script, where __name__ is "__main__" too but the module spec is not this module's.
 if __name__ == "__main__" and getattr(globals().get("__spec__"), "name", "") == "transformer_lib.check":
     sys.exit(main())
-
-
