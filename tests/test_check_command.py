@@ -156,3 +156,25 @@ def test_the_exercises_of_chapters_1_and_2():
     assert results["my_attention_backward"][0] and "chapter 1, exercise 1" in results["my_attention_backward"][1]
     assert results["load_gpt2_attention"][0] and "chapter 2, exercise 1" in results["load_gpt2_attention"][1]
     assert not results["attention_backward"][0] and "diagonal" in results["attention_backward"][1]
+
+
+def test_the_exercises_of_chapter_5():
+    """Chapter 5's exercises 1 (LayerNorm's backward pass) and 2 (folding gamma and beta) are found under the
+    exercises' names and graded; a slip is named."""
+    import torch
+
+    def layer_norm_backward(x, gamma, dy, eps=1e-5, mean_held=False):
+        mean = x.mean(-1, keepdim=True)
+        rstd = 1 / torch.sqrt((x - mean).pow(2).mean(-1, keepdim=True) + eps)
+        x_hat, g = (x - mean) * rstd, gamma * dy
+        through_mean = 0 if mean_held else g.mean(-1, keepdim=True)
+        dx = rstd * (g - through_mean - x_hat * (g * x_hat).mean(-1, keepdim=True))
+        return dx, (dy * x_hat).reshape(-1, x.size(-1)).sum(0), dy.reshape(-1, x.size(-1)).sum(0)
+
+    results = {name: (passed, verdict) for name, passed, verdict in run_checks({
+        "my_layer_norm_backward": layer_norm_backward,
+        "fold_layer_norm": lambda gamma, beta, W, b: (W * gamma, b + W @ beta),
+        "layer_norm_backward": lambda *x: layer_norm_backward(*x, mean_held=True)})}
+    assert results["my_layer_norm_backward"][0] and "chapter 5, exercise 1" in results["my_layer_norm_backward"][1]
+    assert results["fold_layer_norm"][0] and "chapter 5, exercise 2" in results["fold_layer_norm"][1]
+    assert not results["layer_norm_backward"][0] and "through the mean" in results["layer_norm_backward"][1]

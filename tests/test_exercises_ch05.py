@@ -1,21 +1,107 @@
-"""Chapter 5's exercise graders accept the right answers (float64 and float32) and name the typical mistakes."""
+"""Chapter 5's exercise graders accept the right answers (float64 and float32) and name the typical mistakes: exercise 1
+(LayerNorm's backward pass), 2 (folding gamma and beta), 3 (He initialisation and the residual scale), 4 (the std of
+the residual stream), 5 (the bug hunt: a sublayer connection), and check_rms_norm, which the check command uses."""
 
-import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from helpers import grader_row
 
 from transformer_lib.exercises.residual import (
+    check_fold_layer_norm,
     check_he_init,
-    check_pre_norm_stack,
+    check_layer_norm_backward,
     check_residual_scale,
     check_rms_norm,
     check_stream_std,
+    check_sublayer_connection,
 )
-from transformer_lib.feed_forward import PositionwiseFeedForward
-from transformer_lib.multi_head import MultiHeadAttention
 from transformer_lib.residual import LayerNorm, SublayerConnection
+
+# --- exercise 1: LayerNorm's backward pass by hand
+
+
+def _backward(x, gamma, dy, eps=1e-5, slip=""):
+    """(dx, dgamma, dbeta) of y = LayerNorm(x), by hand, with one optional slip."""
+    d = x.size(-1)
+    mean = x.mean(-1, keepdim=True)
+    var = (x - mean).pow(2).mean(-1, keepdim=True) * (d / (d - 1) if slip == "unbiased" else 1)
+    rstd = 1 / torch.sqrt(var + (0.0 if slip == "no eps" else eps))
+    x_hat = (x - mean) * rstd
+    g = dy if slip == "no gamma" else gamma * dy
+    through_mean = 0 if slip in ("mean held", "both held") else g.mean(-1, keepdim=True)
+    through_var = 0 if slip in ("var held", "both held") else x_hat * (g * x_hat).mean(-1, keepdim=True)
+    dx = rstd * (g - through_mean - through_var)
+    dgamma = (dy * (x if slip == "dgamma from x" else x_hat)).reshape(-1, d).sum(0)
+    dbeta = dy.reshape(-1, d).sum(0)
+    if slip == "not summed":
+        dgamma = dy * x_hat
+    if slip == "swapped":
+        dgamma, dbeta = dbeta, dgamma
+    if slip == "averaged":
+        dbeta = dy.reshape(-1, d).mean(0)
+    return dx, dgamma, dbeta
+
+
+def layer_norm_backward(x, gamma, dy, eps=1e-5):
+    return _backward(x, gamma, dy, eps)
+
+
+def layer_norm_backward32(x, gamma, dy, eps=1e-5):
+    return _backward(x.float(), gamma.float(), dy.float(), eps)
+
+
+def layer_norm_backward_by_autograd(x, gamma, dy, eps=1e-5):
+    x, gamma = x.requires_grad_(), gamma.requires_grad_()
+    beta = torch.zeros_like(gamma, requires_grad=True)
+    return torch.autograd.grad(F.layer_norm(x, x.shape[-1:], gamma, beta, eps), (x, gamma, beta), dy)
+
+
+def _slip(name):
+    return lambda x, gamma, dy, eps=1e-5: _backward(x, gamma, dy, eps, slip=name)
+
+
+# --- exercise 2: folding LayerNorm's gamma and beta into the next linear layer
+
+
+def fold_layer_norm(gamma, beta, W, b):
+    return W * gamma, b + W @ beta
+
+
+def fold_as_a_linear(gamma, beta, W, b):                             # an nn.Linear is accepted too
+    linear = nn.Linear(W.size(1), W.size(0)).to(W.dtype)
+    with torch.no_grad():
+        linear.weight.copy_(W * gamma)
+        linear.bias.copy_(b + W @ beta)
+    return linear
+
+
+def fold32(gamma, beta, W, b):
+    return fold_layer_norm(gamma.float(), beta.float(), W.float(), b.float())
+
+
+def gamma_on_rows(gamma, beta, W, b):
+    return gamma[:, None] * W, b + W @ beta
+
+
+def beta_not_folded(gamma, beta, W, b):
+    return W * gamma, b
+
+
+def beta_added_as_it_is(gamma, beta, W, b):
+    return W * gamma, b + beta
+
+
+def gamma_on_beta_too(gamma, beta, W, b):
+    return W * gamma, b + W @ (gamma * beta)
+
+
+def beta_through_w_transposed(gamma, beta, W, b):
+    return W * gamma, b + W.T @ beta
+
+
+def folded_in_place(gamma, beta, W, b):
+    return W.mul_(gamma), b + W @ beta
 
 # --- exercise 2: RMSNorm
 
@@ -151,80 +237,53 @@ def input_to_every_layer(layers, x):
     return [x.std()] + [layer(x).std() for layer in layers]
 
 
-# --- exercise 5: the bug hunt, a pre-norm stack without its final LayerNorm
+# --- exercise 5: the bug hunt, a sublayer connection
 
-class Block(nn.Module):                                              # as in the chapter, section 5.3
-    def __init__(self, d_model, num_heads, d_ff, norm_first=False, dropout=0.0):
+
+class Sublayer(nn.Module):
+    """The wrapper of section 5.3, with one optional slip."""
+
+    def __init__(self, d_model, dropout=0.1, norm_first=False, slip=""):
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout)
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=dropout)
-        self.sublayer1 = SublayerConnection(d_model, dropout, norm_first=norm_first)
-        self.sublayer2 = SublayerConnection(d_model, dropout, norm_first=norm_first)
+        self.norm, self.dropout, self.norm_first, self.slip = LayerNorm(d_model), nn.Dropout(dropout), norm_first, slip
 
-    def forward(self, x, mask=None):
-        x = self.sublayer1(x, lambda y: self.self_attn(y, y, y, mask)[0])
-        return self.sublayer2(x, self.feed_forward)
+    def forward(self, x, sublayer):
+        slip, drop = self.slip, self.dropout
+        if slip == "swapped":
+            return x + drop(sublayer(self.norm(x))) if not self.norm_first else self.norm(x + drop(sublayer(x)))
+        if self.norm_first:
+            if slip == "residual normalised":                           # the exercise's bug
+                x = self.norm(x)
+                return x + drop(sublayer(x))
+            if slip == "dropout on the sum":
+                return drop(x + sublayer(self.norm(x)))
+            if slip == "no dropout":
+                return x + sublayer(self.norm(x))
+            return x + drop(sublayer(self.norm(x)))
+        if slip == "dropout on the sum":
+            return self.norm(drop(x + sublayer(x)))
+        if slip == "dropout after the norm":
+            return drop(self.norm(x + sublayer(x)))
+        if slip == "norm on the branch":
+            return x + self.norm(drop(sublayer(x)))
+        if slip == "no dropout":
+            return self.norm(x + sublayer(x))
+        return self.norm(x + drop(sublayer(x)))
 
 
-class PreNormStack(nn.Module):                                       # the bug: no final LayerNorm
-    def __init__(self, num_layers, d_model, num_heads, d_ff):
+def sublayer_class(slip="", dtype=torch.float64):
+    def build(d_model, dropout=0.1, norm_first=False):
+        return Sublayer(d_model, dropout, norm_first, slip).to(dtype)
+    return build
+
+
+class NoNormAttribute(nn.Module):
+    def __init__(self, d_model, dropout=0.1, norm_first=False):
         super().__init__()
-        self.layers = nn.ModuleList(Block(d_model, num_heads, d_ff, norm_first=True) for _ in range(num_layers))
+        self.layer_norm = LayerNorm(d_model)
 
-    def forward(self, x, mask=None):
-        for layer in self.layers:
-            x = layer(x, mask)
-        return x
-
-
-class FixedStack(PreNormStack):
-    def __init__(self, num_layers, d_model, num_heads, d_ff):
-        super().__init__(num_layers, d_model, num_heads, d_ff)
-        self.norm = LayerNorm(d_model)
-
-    def forward(self, x, mask=None):
-        return self.norm(super().forward(x, mask))
-
-
-class FixedStack64(FixedStack):
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.double()
-
-
-class NormNotApplied(FixedStack):
-    def forward(self, x, mask=None):
-        return PreNormStack.forward(self, x, mask)
-
-
-class NormAfterEveryLayer(FixedStack):
-    def forward(self, x, mask=None):
-        for layer in self.layers:
-            x = self.norm(layer(x, mask))
-        return x
-
-
-class NormAtTheInput(FixedStack):
-    def forward(self, x, mask=None):
-        return PreNormStack.forward(self, self.norm(x), mask)
-
-
-class NormWithoutParameters(FixedStack):
-    def forward(self, x, mask=None):
-        return F.layer_norm(PreNormStack.forward(self, x, mask), (x.size(-1),))
-
-
-class PostNormLayers(FixedStack):
-    def __init__(self, num_layers, d_model, num_heads, d_ff):
-        super().__init__(num_layers, d_model, num_heads, d_ff)
-        self.layers = nn.ModuleList(Block(d_model, num_heads, d_ff, norm_first=False) for _ in range(num_layers))
-
-
-def test_pre_norm_stack_measures_the_growth():
-    with pytest.raises(AssertionError) as err:
-        check_pre_norm_stack(PreNormStack)
-    low, high = (float(s.split(" with")[0]) for s in str(err.value).split("output: ")[1].split(", ")[:2])
-    assert high > 2 * low
+    def forward(self, x, sublayer):
+        return self.layer_norm(x + sublayer(x))
 
 
 GRADERS = [
@@ -255,13 +314,37 @@ GRADERS = [
     grader_row(check_residual_scale, correct=[2**16, 4.7e4, torch.tensor(65536.0)], prints="correct", mistakes=[
         (2.0**32, "growth of the variance"), (33, "added 1 per block"), (33**0.5, "unit variance"),
         (1.0, "preserves the scale"), (-1, "positive")]),
-    grader_row(check_pre_norm_stack, correct=[FixedStack], mistakes=[], prints="correct, equal to nn.TransformerEncoder"),
-    grader_row(check_pre_norm_stack, correct=[FixedStack64], prints="in float64", mistakes=[
-        (PreNormStack, "scale grows with depth: a pre-norm stack needs a final LayerNorm"),
-        (NormNotApplied, "needs a final LayerNorm"),
-        (NormAfterEveryLayer, "after every layer"),
-        (NormAtTheInput, "applied to the input"),
-        (NormWithoutParameters, "ignores the weight and bias"),
-        (PostNormLayers, "post-norm"),
-    ]),
+    grader_row(check_layer_norm_backward, correct=[layer_norm_backward, layer_norm_backward32], mistakes=[
+        (_slip("mean held"), "gradient through the mean is missing"),
+        (_slip("var held"), "gradient through the variance is missing"),
+        (_slip("both held"), "as if mean and variance were constants"),
+        (_slip("no gamma"), "gamma is missing from dx"),
+        (_slip("no eps"), "eps is missing"),
+        (_slip("unbiased"), "unbiased variance"),
+        (_slip("dgamma from x"), "dgamma multiplies dy by x"),
+        (_slip("not summed"), "dgamma must have gamma's shape"),
+        (_slip("swapped"), "swapped"),
+        (_slip("averaged"), "dbeta is averaged"),
+        (layer_norm_backward_by_autograd, "Autograd is off"),
+        (lambda x, gamma, dy, eps=1e-5: _backward(x, gamma, dy, eps)[:2], "three tensors"),
+    ], prints="equal autograd's"),
+    grader_row(check_fold_layer_norm, correct=[fold_layer_norm, fold_as_a_linear, fold32], mistakes=[
+        (gamma_on_rows, "gamma scales W's rows"),
+        (beta_not_folded, "beta is not folded"),
+        (beta_added_as_it_is, "beta was added to the bias as it is"),
+        (gamma_on_beta_too, "gamma scaled beta too"),
+        (beta_through_w_transposed, "transposed"),
+        (folded_in_place, "changed gamma, beta, W and b in place"),
+        (lambda gamma, beta, W, b: W * gamma, "two tensors"),
+    ], prints="folded into the linear layer"),
+    grader_row(check_sublayer_connection, correct=[sublayer_class(), sublayer_class(dtype=torch.float32),
+                                                   SublayerConnection], mistakes=[
+        (sublayer_class("residual normalised"), "pre-norm .* the residual path is normalised"),
+        (sublayer_class("dropout on the sum"), "training mode .* dropout is applied to the sum"),
+        (sublayer_class("dropout after the norm"), "dropout acts after the normalisation"),
+        (sublayer_class("norm on the branch"), "the norm sits on the branch"),
+        (sublayer_class("no dropout"), "dropout is missing"),
+        (sublayer_class("swapped"), "the two forms are swapped"),
+        (NoNormAttribute, "self.norm"),
+    ], prints="both forms equal SublayerConnection"),
 ]

@@ -2,16 +2,16 @@
 
 # %% auto #0
 __all__ = ['check_layer_norm', 'check_rms_norm', 'check_he_init', 'check_residual_scale', 'check_stream_std',
-           'check_pre_norm_stack']
+           'check_layer_norm_backward', 'check_fold_layer_norm', 'check_sublayer_connection']
 
 # %% ../../chapters/05_residual_layernorm.ipynb #c033
 import math
 
 import torch
 
-from .grading import close_to, grade
+from .grading import Verdict, call_reader, close_to, grade
 from ..feed_forward import PositionwiseFeedForward
-from ..residual import LayerNorm
+from ..residual import LayerNorm, SublayerConnection
 
 
 def _reference_layer_norm(x, gamma, beta, eps):
@@ -142,8 +142,8 @@ def _initialised(fn, block):
 
 
 def check_he_init(fn, seed: int = 0) -> None:
-    """Test fn(block) that gives a PositionwiseFeedForward He initialisation: linear1.weight of std √(2 / fan_in)
-    (nonlinearity "relu"), linear2.weight of std √(1 / fan_in) ("linear"), zero biases; normal or uniform.
+    """Test fn(block) that gives a PositionwiseFeedForward He initialisation (He et al., 2015) in place, normal or
+    uniform, with zero biases.
 
     Checks the scales on a (64, 256) block; then measures, with fn, how much of the gradient reaches block 1 of
     section 5.1's plain 32-block stack. Raises AssertionError naming the mistake; prints a line when right."""
@@ -283,119 +283,253 @@ def check_stream_std(fn, seed: int = 0) -> None:
     print(f"check_stream_std: correct; on this 12-layer pre-norm stack the std grows from {want[0]:.2f} to "
           f"{want[-1]:.2f}")
 
-
-@torch.no_grad()
-def _copy_layer(block, ref):
-    """Copy an nn.TransformerEncoderLayer into a chapter-5 Block (self_attn, feed_forward, sublayer1/2.norm)."""
-    attn = block.self_attn
-    for W, weight, bias in zip([attn.W_q, attn.W_k, attn.W_v], ref.self_attn.in_proj_weight.chunk(3),
-                               ref.self_attn.in_proj_bias.chunk(3), strict=True):
-        W.weight.copy_(weight)
-        W.bias.copy_(bias)
-    attn.W_o.weight.copy_(ref.self_attn.out_proj.weight)
-    attn.W_o.bias.copy_(ref.self_attn.out_proj.bias)
-    for ours, theirs in [(block.feed_forward.linear1, ref.linear1), (block.feed_forward.linear2, ref.linear2),
-                         (block.sublayer1.norm, ref.norm1), (block.sublayer2.norm, ref.norm2)]:
-        ours.weight.copy_(theirs.weight)
-        ours.bias.copy_(theirs.bias)
-
-
-def _reader_stack(stack_class, num_layers, d_model, num_heads, d_ff, refs, norm):
-    """stack_class(num_layers, d_model, num_heads, d_ff) with the weights of refs (and of norm, if it has one)."""
-    try:
-        stack = stack_class(num_layers, d_model, num_heads, d_ff)
-    except Exception as err:
-        raise AssertionError(f"{stack_class.__name__}({num_layers}, {d_model}, {num_heads}, {d_ff}) raised "
-                             f"{type(err).__name__}: {err}") from err
-    layers = getattr(stack, "layers", None)
-    if not isinstance(layers, torch.nn.ModuleList) or len(layers) != num_layers:
-        raise AssertionError(f"{stack_class.__name__} must keep its layers in self.layers, an nn.ModuleList of "
-                             f"num_layers Blocks, as PreNormStack does")
-    try:
-        for block, ref in zip(layers, refs, strict=True):
-            _copy_layer(block, ref)
-    except AttributeError as err:
-        raise AssertionError("the layers must be the chapter's Blocks (self_attn, feed_forward, sublayer1, "
-                             f"sublayer2), as in PreNormStack: {err}") from err
-    final = getattr(stack, "norm", None)
-    if final is not None:
-        with torch.no_grad():
-            final.weight.copy_(norm.weight)
-            final.bias.copy_(norm.bias)
-    return stack.eval()
+# %% ../../chapters/05_residual_layernorm.ipynb #c033b
+# --- exercise 1: LayerNorm's backward pass by hand, graded against autograd (the reference is autograd itself)
+def _autograd_layer_norm(x, gamma, dy, eps, held=(), unbiased=False):
+    """(dx, dgamma, dbeta) of y = LayerNorm(x) (gain gamma, shift beta) for the upstream gradient dy, by autograd
+    in float64. The reference runs F.layer_norm; a reader's slip is autograd of the same forward with the
+    statistics in held ("mean", "std") taken as constants, or with the variance divided by d - 1 (unbiased)."""
+    x, gamma = (t.detach().to(torch.float64).requires_grad_() for t in (x, gamma))
+    beta = torch.zeros_like(gamma, requires_grad=True)
+    with torch.enable_grad():
+        if not held and not unbiased:
+            y = torch.nn.functional.layer_norm(x, x.shape[-1:], gamma, beta, eps)
+        else:
+            mean = x.mean(-1, keepdim=True)
+            std = torch.sqrt(x.var(-1, keepdim=True, unbiased=unbiased) + eps)
+            mean = mean.detach() if "mean" in held else mean
+            std = std.detach() if "std" in held else std
+            y = gamma * (x - mean) / std + beta
+        return torch.autograd.grad(y, (x, gamma, beta), dy.to(torch.float64))
 
 
-def check_pre_norm_stack(stack_class, seed: int = 0) -> None:
-    """Test a repaired pre-norm stack: stack_class(num_layers, d_model, num_heads, d_ff) with its Blocks in
-    self.layers and the final LayerNorm in self.norm (the names of nn.TransformerEncoder), against
-    nn.TransformerEncoder(TransformerEncoderLayer(norm_first=True), norm=LayerNorm) with the same weights.
+def check_layer_norm_backward(fn, seed: int = 0) -> None:
+    """Test a reader's fn(x, gamma, dy, eps) -> (dx, dgamma, dbeta), the gradients of a loss with respect to
+    LayerNorm's input x (..., d), gain gamma (d,) and shift beta (d,), given dy = dL/dy for y = LayerNorm(x),
+    computed by hand: autograd is switched off while fn runs. Compared with autograd in float64 (float32 work is
+    accepted) on inputs of shapes (3, 4, 16) and (5, 16), one position with a variance near eps. Names the
+    mistake: the gradient through the mean or through the variance left out, gamma or eps forgotten, the unbiased
+    variance (in dgamma, which is graded first), dgamma from x instead of the normalised x, dgamma and dbeta swapped,
+    not summed over the positions or averaged."""
+    g = torch.Generator().manual_seed(seed)
+    d, eps = 16, 1e-5
 
-    The stack may compute in float32 or float64. Raises AssertionError naming the mistake; prints a line when
-    it is right."""
-    num_layers, d_model, num_heads, d_ff = 4, 16, 4, 32
-    with torch.random.fork_rng(devices=[]):
-        refs = _torch_pre_norm_layers(num_layers, d_model, num_heads, d_ff, seed)
-        norm = torch.nn.LayerNorm(d_model).double()
-        with torch.no_grad():
-            norm.weight.uniform_(0.5, 1.5)
-            norm.bias.normal_()
-        x = torch.randn(3, 7, d_model, dtype=torch.float64)
-        stack = _reader_stack(stack_class, num_layers, d_model, num_heads, d_ff, refs, norm)
-    dtype = next(stack.parameters()).dtype
-    with torch.no_grad():
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+    gamma = 1.0 + 0.5 * rand(d)
+    crash = (". Autograd is off inside this check: compute the gradients from the formulas, going backwards "
+             "through y = gamma * x_hat + beta, x_hat = (x - mean) / sqrt(var + eps), var and mean")
+
+    def reader(*inputs):
+        with torch.no_grad():                       # by hand: autograd has nothing to differentiate here
+            got = fn(*inputs)
+        if not (isinstance(got, (tuple, list)) and len(got) == 3):
+            raise Verdict(f"fn(x, gamma, dy, eps) must return three tensors (dx, dgamma, dbeta), got "
+                          f"{type(got).__name__}")
+        return got
+
+    def slip(i, **how):
+        return lambda x, gamma, dy, eps: _autograd_layer_norm(x, gamma, dy, eps, **how)[i]
+    mean_held = ("the gradient through the mean is missing: mean = (1/d) sum_j x_j depends on every feature of "
+                 "the position, so each x_i also moves x_hat through the mean")
+    std_held = ("the gradient through the variance is missing: var depends on every feature of the position, so "
+                "each x_i also moves every x_hat_j through sqrt(var + eps)")
+    cases = {}
+    for shape in [(3, 4, d), (5, d)]:
+        scale = torch.exp(rand(*shape[:-1], 1))                  # positions of different scales ...
+        scale.view(-1)[0] = 3e-3                                  # ... and one whose variance is near eps
+        x = 2 * rand(*shape[:-1], 1) + scale * rand(*shape)
+        cases[f"on x of shape {shape}"] = (x, gamma, rand(*shape), eps)
+    for what, inputs in cases.items():
         try:
-            out = stack(x.to(dtype))
-        except Exception as err:
-            raise AssertionError(f"your stack raised {type(err).__name__}: {err}") from err
-        if not isinstance(out, torch.Tensor) or out.shape != x.shape:
-            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise AssertionError(f"wrong shape: on x of shape {tuple(x.shape)} expected the same shape, got {got}")
-        h = x
-        for layer in refs:
-            h = layer(h)
-        expected = norm(h)
-        if close_to(out, expected):
-            print(f"check_pre_norm_stack: correct, equal to nn.TransformerEncoder(norm_first=True, norm=LayerNorm) "
-                  f"in {str(dtype).replace('torch.', '')}")
-            return
-        every = x
-        for layer in refs:
-            every = norm(layer(every))
-        first = norm(x)
-        for layer in refs:
-            first = layer(first)
-        post = x
-        for layer in refs:                                         # the same weights in post-norm layers
-            post_layer = torch.nn.TransformerEncoderLayer(d_model, num_heads, d_ff, dropout=0.0, batch_first=True,
-                                                          norm_first=False).double()
-            post_layer.load_state_dict(layer.state_dict())
-            post = post_layer(post)
-        mistakes = [
-            (h, None),
-            (every, "you normalise the residual stream after every layer: a pre-norm stack normalises it once, "
-                    "after the last layer (each layer's own LayerNorms already normalise what its sublayers read)"),
-            (first, "the LayerNorm is applied to the input, before the first layer: it belongs after the last layer"),
-            (torch.nn.functional.layer_norm(h, (d_model,)), "your final LayerNorm ignores the weight and bias of "
-                                                            "self.norm: apply the module self.norm itself"),
-            (norm(post), "your layers are post-norm (norm_first=False): keep PreNormStack's pre-norm Blocks"),
+            call_reader(reader, f"{what}: fn(x, gamma, dy, eps)", *(t.clone() if isinstance(t, torch.Tensor)
+                                                                    else t for t in inputs))
+        except Verdict:
+            raise
+        except AssertionError as error:
+            raise AssertionError(f"{error}{crash}") from error.__cause__
+        for i, name in ((1, "dgamma"), (2, "dbeta"), (0, "dx")):
+            summed = (f"{name} must have gamma's shape (d,): a parameter shared by every position collects the "
+                      "gradient of all of them (sum over every axis but the last)")
+            mistakes = {} if i == 0 else {summed: [lambda x, *_: x.shape,
+                                                   lambda x, *_: torch.Size(x.shape[1:]) if x.dim() > 2 else None]}
+            if i == 0:
+                mistakes.update({
+                    mean_held: slip(0, held=("mean",)),
+                    std_held: slip(0, held=("std",)),
+                    "you divided dy by sqrt(var + eps) as if mean and variance were constants: both depend on x, "
+                    "and the two terms through them are missing": slip(0, held=("mean", "std")),
+                    "gamma is missing from dx: y = gamma * x_hat + beta, so the gradient reaching x_hat is "
+                    "gamma * dy": lambda x, gamma, dy, eps: _autograd_layer_norm(x, torch.ones_like(gamma), dy,
+                                                                                 eps)[0],
+                    "eps is missing: the forward divides by sqrt(var + eps), and the backward must too (it shows "
+                    "at the position whose variance is near eps)":
+                        lambda x, gamma, dy, eps: _autograd_layer_norm(x, gamma, dy, 0.0)[0],
+                })
+            if i == 1:
+                mistakes["eps is missing: the forward divides by sqrt(var + eps), and x_hat in dgamma must too"] = (
+                    lambda x, gamma, dy, eps: _autograd_layer_norm(x, gamma, dy, 0.0)[1])
+                mistakes["the unbiased variance (divide by d - 1): LayerNorm's variance divides by d"] = slip(
+                    1, unbiased=True)
+                mistakes["dgamma multiplies dy by x, but gamma multiplies the normalised x_hat: sum dy * x_hat"] = (
+                    lambda x, gamma, dy, eps: (dy * x).reshape(-1, x.size(-1)).sum(0))
+                mistakes["dgamma and dbeta are swapped: beta is added (its gradient is dy summed), gamma "
+                         "multiplies x_hat"] = slip(2)
+            if i == 2:
+                mistakes["dgamma and dbeta are swapped: beta is added (its gradient is dy summed), gamma "
+                         "multiplies x_hat"] = slip(1)
+                mistakes["dbeta is averaged over the positions: a shared parameter's gradient is their sum"] = (
+                    lambda x, gamma, dy, eps: dy.reshape(-1, x.size(-1)).mean(0))
+            grade(lambda *x, i=i: reader(*x)[i], lambda *x, i=i: _autograd_layer_norm(*x)[i], {what: inputs},
+                  mistakes, name=f"your {name}", against=f"autograd's {name}", crash=crash, scale=10)
+    print("check_layer_norm_backward: dx, dgamma and dbeta equal autograd's on inputs of shape (3, 4, 16) and (5, 16)")
+
+# %% ../../chapters/05_residual_layernorm.ipynb #c033c
+# --- exercise 2: LayerNorm's gain and shift folded into the linear layer that reads it
+def _affine_fit(fn, d, dtype=torch.float64):
+    """The (W, b) of the affine map z -> fn(z) on R^d, by least squares on 4d random points (exact for an affine
+    fn, up to rounding): the reference never writes the folded weights down."""
+    g = torch.Generator().manual_seed(1)
+    z = torch.randn(4 * d, d, generator=g, dtype=dtype)
+    ones = torch.ones(4 * d, 1, dtype=dtype)
+    solution = torch.linalg.lstsq(torch.cat([z, ones], 1), fn(z)).solution         # (d + 1, d_out)
+    return solution[:d].T.contiguous(), solution[d].contiguous()
+
+
+def check_fold_layer_norm(fn, seed: int = 0) -> None:
+    """Test a reader's fn(gamma, beta, W, b) -> (W_folded, b_folded): the weight (d_out, d) and bias (d_out,) of
+    one linear layer such that  W_folded @ z + b_folded = W @ (gamma * z + beta) + b  for every z, so that a
+    LayerNorm without gain and shift followed by the folded layer computes what LayerNorm(gamma, beta) followed
+    by nn.Linear(W, b) computes. W as nn.Linear stores it: (d_out, d). Run on a square (d_out = d) and a
+    non-square layer; fn must not change its inputs. Names the mistake: gamma on the wrong side of W, beta not
+    folded or folded without W, gamma applied to beta too."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    def composed(gamma, beta, W, b):
+        return lambda z: torch.nn.functional.linear(gamma * z + beta, W, b)
+    cases = {}
+    for d, d_out in ((8, 8), (8, 12)):
+        cases[f"with W of shape ({d_out}, {d})"] = (1.0 + 0.5 * rand(d), rand(d), rand(d_out, d) / d ** 0.5,
+                                                     rand(d_out))
+    for where, inputs in cases.items():
+        for i, name in ((0, "W_folded"), (1, "b_folded")):
+            def reference(gamma, beta, W, b, i=i):
+                return _affine_fit(composed(gamma, beta, W, b), gamma.numel())[i]
+
+            def wrong(fit, square_only=False, i=i):    # the folded weights of a slipped composition
+                return lambda gamma, beta, W, b: (None if square_only and W.size(0) != W.size(1) else
+                                                  _affine_fit(fit(gamma, beta, W, b), gamma.numel())[i])
+            mistakes = {
+                "gamma scales W's rows (its output features); it multiplies LayerNorm's output, the layer's input: "
+                "it must scale what each input feature contributes":
+                    wrong(lambda gamma, beta, W, b: lambda z: gamma * (z @ W.T) + beta @ W.T + b, square_only=True),
+                "beta is not folded: the shift beta enters the linear layer too, and comes out through W":
+                    lambda gamma, beta, W, b, i=i: b if i == 1 else None,
+                "beta was added to the bias as it is: it enters the layer before W, so it comes out through W":
+                    lambda gamma, beta, W, b, i=i: b + beta if i == 1 and W.size(0) == W.size(1) else None,
+                "gamma scaled beta too: LayerNorm adds beta after scaling by gamma":
+                    wrong(lambda gamma, beta, W, b: composed(gamma, gamma * beta, W, b)),
+                "beta went through W transposed: W as nn.Linear stores it is (d_out, d), and the layer computes "
+                "z @ W.T":
+                    wrong(lambda gamma, beta, W, b: lambda z: (gamma * z) @ W.T + W.T @ beta + b, square_only=True),
+            }
+            shape = "(d_out, d) = " if i == 0 else "(d_out,) = "
+            grade(lambda *x, i=i: _folded(fn, *x)[i], reference, {where: inputs}, mistakes, name=f"your {name}",
+                  against=f"the folded {'weight' if i == 0 else 'bias'}", shape=shape, pure="gamma, beta, W and b")
+    print("check_fold_layer_norm: LayerNorm's gain and shift are folded into the linear layer (square and "
+          "non-square W)")
+
+
+def _folded(fn, gamma, beta, W, b):
+    with torch.no_grad():
+        got = fn(gamma, beta, W, b)
+    if isinstance(got, torch.nn.Linear):
+        got = (got.weight, got.bias)
+    if not (isinstance(got, (tuple, list)) and len(got) == 2):
+        raise Verdict(f"fn(gamma, beta, W, b) must return two tensors (W_folded, b_folded), got {type(got).__name__}")
+    return got
+
+# %% ../../chapters/05_residual_layernorm.ipynb #c033d
+# --- exercise 5: the bug hunt, a sublayer connection (the reference is the library's SublayerConnection)
+def check_sublayer_connection(cls, seed: int = 0) -> None:
+    """Test a reader's residual wrapper cls(d_model, dropout, norm_first=...) with its LayerNorm in self.norm and
+    forward(x, sublayer), against the library's SublayerConnection with the same gain and shift: both forms (norm_first False and True), in
+    eval mode and in training mode with dropout 0.5 (the same random numbers for both: dropout drawn once, on a
+    tensor of x's shape, as nn.Dropout draws it). Names the usual mistakes of either form (where the dropout
+    and the norm sit, which x is added back, the two forms swapped). The module may compute in float32 or float64."""
+    d_model, p = 16, 0.5
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(3, 5, d_model, generator=g, dtype=torch.float64)
+    gain, shift = 1.0 + 0.5 * torch.rand(d_model, generator=g, dtype=torch.float64), torch.randn(
+        d_model, generator=g, dtype=torch.float64)
+    W = torch.randn(d_model, d_model, generator=g, dtype=torch.float64) / d_model ** 0.5
+
+    def sublayer(y):                                         # a sublayer with a shape-preserving nonlinearity
+        return torch.tanh(y @ W.to(y.dtype).T)
+    drop_seed = 1000 + seed
+
+    def slips(norm, drop):
+        """The usual slips, each as (message, its post-norm form, its pre-norm form); None: not a slip of that form."""
+        return [
+            ("the residual path is normalised: in the pre-norm form only the sublayer's input is normalised; the x "
+             "that is added back must be the x that came in", None, lambda x: norm(x) + drop(sublayer(norm(x)))),
+            ("dropout is applied to the sum of x and the sublayer's output: it must drop only the sublayer's output, "
+             "never the residual path", lambda x: norm(drop(x + sublayer(x))), lambda x: drop(x + sublayer(norm(x)))),
+            ("dropout is missing: in training it acts on the sublayer's output (nn.Dropout(dropout))",
+             lambda x: norm(x + sublayer(x)), lambda x: x + sublayer(norm(x))),
+            ("dropout acts after the normalisation: the post-norm form drops the sublayer's output, then adds, "
+             "then normalises", lambda x: drop(norm(x + sublayer(x))), None),
+            ("the norm sits on the branch, before the addition: the post-norm form normalises the sum",
+             lambda x: x + norm(drop(sublayer(x))), None),
+            ("the two forms are swapped: norm_first=False is the paper's post-norm, True the pre-norm",
+             lambda x: x + drop(sublayer(norm(x))), lambda x: norm(x + drop(sublayer(x)))),
         ]
-        for wrong, message in mistakes:
-            if not close_to(out, wrong):
+
+    def run(f):
+        """f(x) without grad, dropout's random numbers drawn from drop_seed (the same for every f)."""
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(drop_seed)
+            return f(x)
+    for norm_first in (False, True):
+        form = "pre-norm (norm_first=True)" if norm_first else "post-norm (norm_first=False)"
+        try:
+            module = cls(d_model, p, norm_first=norm_first)
+        except Exception as err:
+            raise AssertionError(f"{cls.__name__}({d_model}, {p}, norm_first={norm_first}) raised "
+                                 f"{type(err).__name__}: {err}") from err
+        book = SublayerConnection(d_model, p, norm_first=norm_first).double()
+        for m in (module, book):
+            norm = getattr(m, "norm", None)
+            if not isinstance(norm, torch.nn.Module) or not hasattr(norm, "weight"):
+                raise AssertionError(f"{cls.__name__} must keep its LayerNorm in self.norm, as SublayerConnection "
+                                     "does")
+            with torch.no_grad():
+                norm.weight.copy_(gain)
+                norm.bias.copy_(shift)
+        params = list(module.parameters())
+        dtype = params[0].dtype if params else torch.float64
+        for training in (False, True):
+            module.train(training)
+            book.train(training)
+            mode = "in training mode (dropout 0.5)" if training else "in eval mode"
+            try:
+                got = run(lambda x, module=module, dtype=dtype: module(x.to(dtype), sublayer))
+            except Exception as err:
+                raise AssertionError(f"{form}, {mode}: your module raised {type(err).__name__}: {err}") from err
+            if not isinstance(got, torch.Tensor) or got.shape != x.shape:
+                raise AssertionError(f"{form}, {mode}: expected a tensor of x's shape {tuple(x.shape)}, got "
+                                     f"{tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__}")
+            want = run(lambda x, book=book: book(x, sublayer))
+            if close_to(got, want):
                 continue
-            if message is not None:
-                raise AssertionError(message)
-            stds = []                                              # the bug, measured on the reader's own class
-            for depth in (2, 24):
-                with torch.random.fork_rng(devices=[]):
-                    deep = _torch_pre_norm_layers(depth, d_model, num_heads, d_ff, seed)
-                    deep_stack = _reader_stack(stack_class, depth, d_model, num_heads, d_ff, deep, norm)
-                stds.append(deep_stack(x.to(dtype)).std().item())
-            raise AssertionError(f"the output's scale grows with depth: a pre-norm stack needs a final LayerNorm "
-                                 f"(std of your stack's output: {stds[0]:.2g} with 2 layers, {stds[1]:.2g} with 24; "
-                                 f"add self.norm = LayerNorm(d_model) and return self.norm(x))")
-        if getattr(stack, "norm", None) is None:
-            raise AssertionError("your stack has no attribute norm: keep the final LayerNorm as self.norm, "
-                                 "the name nn.TransformerEncoder uses")
-        error = (out.double() - expected).abs().max().item()
-        raise AssertionError(f"your stack's output differs from nn.TransformerEncoder(norm_first=True, "
-                             f"norm=LayerNorm) with the same weights by up to {error:.2g}")
+            for message, *pair in slips(book.norm, lambda y, training=training: torch.nn.functional.dropout(y, p, training)):
+                wrong = pair[1 if norm_first else 0]
+                if wrong is not None and close_to(got, run(wrong)):
+                    raise AssertionError(f"{form}, {mode}: {message}")
+            error = (got.double() - want).abs().max().item()
+            raise AssertionError(f"{form}, {mode}: your output differs from SublayerConnection's by up to "
+                                 f"{error:.2g}")
+    print("check_sublayer_connection: both forms equal SublayerConnection, in eval mode and with dropout in training")
