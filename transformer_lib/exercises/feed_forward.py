@@ -224,6 +224,12 @@ def _autograd_ffn(x, W_1, b_1, W_2, b_2, dy, slip=""):
         return torch.autograd.grad(a @ W_2 + b_2, (x, W_1, b_1, W_2, b_2), dy.to(torch.float64))
 
 
+def _shaped(*dims):
+    """A mutant that names an output of this shape."""
+    size = torch.Size(dims)
+    return lambda *inputs: size
+
+
 def check_ffn_backward(fn, seed: int = 0) -> None:
     """Test a reader's fn(x, W_1, b_1, W_2, b_2, dy) -> (dx, dW_1, db_1, dW_2, db_2), the gradients of a loss L
     given dy = dL/dy for y = max(0, x W_1 + b_1) W_2 + b_2 (paper orientation: W_1 (d_model, d_ff), W_2
@@ -276,15 +282,15 @@ def check_ffn_backward(fn, seed: int = 0) -> None:
             if i in (1, 3):
                 transposed = (d_ff, d_model) if i == 1 else (d_model, d_ff)
                 mistakes[f"{name} is transposed: this exercise uses the paper's orientation, {shapes[name]} (nn.Linear "
-                         "stores the transpose)"] = lambda *_, s=torch.Size(transposed): s
+                         "stores the transpose)"] = _shaped(*transposed)
             if i >= 1 and len(lead) > 1:
                 per_sequence = (lead[0], d_model, d_ff) if i == 1 else (lead[0], d_ff, d_model) if i == 3 else (
                     (lead[0], d_ff) if i == 2 else (lead[0], d_model))
                 mistakes[f"{name} has one gradient per sequence: sum over the batch too, the same weights serve every "
-                         "position of every sequence"] = lambda *_, s=torch.Size(per_sequence): s
+                         "position of every sequence"] = _shaped(*per_sequence)
             if i in (2, 4):
                 mistakes[f"{name} has one gradient per position: sum them, the same bias is added at every "
-                         "position"] = lambda *_, s=torch.Size((*lead, d_ff if i == 2 else d_model)): s
+                         "position"] = _shaped(*lead, d_ff if i == 2 else d_model)
             grade(lambda *x, i=i: reader(*x)[i], lambda *x, i=i: _autograd_ffn(*x)[i], {what: inputs}, mistakes,
                   name=f"your {name}", against=f"autograd's {name}", shape=f"{shapes[name]}: ", crash=crash)
     print("check_ffn_backward: dx, dW_1, db_1, dW_2 and db_2 equal autograd's on x of shape (2, 5, 6) and (7, 6)")
