@@ -298,26 +298,25 @@ def check_rotary(fn) -> None:
 # %% ../../chapters/03_positional_encoding.ipynb #c041a
 # --- exercise 1: the table by recurrence, and its float32 drift
 
-def _by_rotation(max_len, d_model, dtype=torch.float64, sign=1.0, exponent=2, start=(0.0, 1.0)):
-    """The table built row by row in dtype: PE(0) = (start, start, ...), PE(p + 1) = M_1 PE(p), pair by pair (a
-    reader's slips: sign=-1 turns backwards, exponent=1 uses i/d_model, start=(1, 0) starts from cos, sin)."""
-    omega = 10000.0 ** (-exponent * torch.arange(d_model // 2, dtype=torch.float64) / d_model)
-    c, s = torch.cos(omega).to(dtype), (sign * torch.sin(omega)).to(dtype)
-    a, b = (torch.full((d_model // 2,), v, dtype=dtype) for v in start)
-    rows = []
-    for _ in range(max_len):
-        rows.append(torch.stack([a, b], -1).flatten())
-        a, b = c * a + s * b, c * b - s * a                       # block [[c, s], [-s, c]] times (a, b)
-    return torch.stack(rows)
+def _slipped_table(max_len, d_model, sign=1.0, exponent=2, first=0):
+    """The table of positions first ... first + max_len - 1 from the formula, with a reader's slip (sign=-1: the
+    sines of PE(-p); exponent=1: frequencies 10000^(-i/d_model))."""
+    p = torch.arange(first, first + max_len, dtype=torch.float64)[:, None]
+    angle = p * 10000.0 ** (-exponent * torch.arange(d_model // 2, dtype=torch.float64) / d_model)
+    return torch.stack([sign * angle.sin(), angle.cos()], -1).flatten(1)
 
 
 def _first_drift(table, tol):
-    """The first position p whose row differs from the float64 formula by more than tol in some entry; None if
-    none does."""
-    error = (table.detach().to("cpu", torch.float64)
-             - sinusoidal_encoding(table.size(0), table.size(1), dtype=torch.float64)).abs().amax(1)
-    over = (error > tol).nonzero()
-    return int(over[0]) if len(over) else None
+    """The first position p whose row differs from the formula by more than tol in some entry, row by row with
+    Python's math (None if none does)."""
+    table = table.detach().to("cpu", torch.float64)
+    d_model = table.size(1)
+    for p, row in enumerate(table.tolist()):
+        for j, value in enumerate(row):
+            angle = p / 10000.0 ** ((j - j % 2) / d_model)
+            if abs(value - (math.sin(angle) if j % 2 == 0 else math.cos(angle))) > tol:
+                return p
+    return None
 
 
 def check_pe_recurrence(fn, first_drift) -> None:
@@ -330,13 +329,14 @@ def check_pe_recurrence(fn, first_drift) -> None:
     mistakes = {
         "you rotate backwards (M_1 transposed, that is M_-1): your row p is PE(-p), whose sines have the wrong "
         "sign. M_1's block is [[cos w, sin w], [-sin w, cos w]] acting on (sin, cos)":
-            lambda n, d, dtype: _by_rotation(n, d, sign=-1.0),
+            lambda n, d, dtype: _slipped_table(n, d, sign=-1.0),
         "PE(0) = (sin 0, cos 0, ...) = (0, 1, 0, 1, ...); you started from (1, 0, 1, 0, ...)":
-            lambda n, d, dtype: _by_rotation(n, d, start=(1.0, 0.0)),
+            lambda n, d, dtype: _slipped_table(n, d)[:, [i + 1 - 2 * (i % 2) for i in range(d)]]
+            * torch.tensor([1.0, -1.0] * (d // 2), dtype=torch.float64),
         "the exponent must be 2i/d_model for pair i; you used i/d_model":
-            lambda n, d, dtype: _by_rotation(n, d, exponent=1),
+            lambda n, d, dtype: _slipped_table(n, d, exponent=1),
         "your table starts at PE(1): row 0 must be PE(0) itself, before any rotation":
-            lambda n, d, dtype: _by_rotation(n + 1, d)[1:],
+            lambda n, d, dtype: _slipped_table(n, d, first=1),
         "one row per position, max_len rows": lambda n, d, dtype: torch.Size((n - 1, d)),
         "your rows are column vectors turned the wrong way: the table has one row per position, (max_len, d_model)":
             lambda n, d, dtype: torch.Size((d, n))}
@@ -380,8 +380,10 @@ def check_pe_recurrence(fn, first_drift) -> None:
     def drift_answer(t, tol):
         got = first_drift(t.clone(), tol)
         return got if got is None else int(number(got, "first_drift(table, tol)"))
+    wants = {}
     for where, inputs in cases.items():
         want, got = _first_drift(*inputs), call_reader(drift_answer, where, *inputs)
+        wants[where] = want
         if got == want:
             continue
         named = next((m for m, wrong in drift_mistakes.items() if wrong(*inputs) == got), None)
@@ -391,7 +393,7 @@ def check_pe_recurrence(fn, first_drift) -> None:
             ", which is not the first position beyond tol"))
     print(f"check_pe_recurrence: float64 equals the formula; in float32 (5,000 rows, d_model = 64) your table is "
           f"off by {error[1000]:.1e} at position 1,000 and {error[-1]:.1e} at 4,999, and first by more than 1e-4 at "
-          f"position {_first_drift(table, 1e-4)}")
+          f"position {next(iter(wants.values()))}")
 
 # %% ../../chapters/03_positional_encoding.ipynb #c041b
 # --- exercise 2: why 10000
