@@ -178,3 +178,48 @@ def test_the_exercises_of_chapter_5():
     assert results["my_layer_norm_backward"][0] and "chapter 5, exercise 1" in results["my_layer_norm_backward"][1]
     assert results["fold_layer_norm"][0] and "chapter 5, exercise 2" in results["fold_layer_norm"][1]
     assert not results["layer_norm_backward"][0] and "through the mean" in results["layer_norm_backward"][1]
+
+
+def test_the_exercises_of_chapters_3_and_4():
+    """Chapter 3's exercises 1, 2 and 4 (pe_by_rotation with first_drift, smallest_base, rotate) and Chapter 4's
+    exercise 1 (ffn_backward) are found under the exercises' names and graded; a slip is named."""
+    import math
+
+    import torch
+
+    from transformer_lib.positional import sinusoidal_encoding
+
+    def pe_by_rotation(max_len, d_model, dtype):
+        omega = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+        c, s = omega.cos().to(dtype), omega.sin().to(dtype)
+        a, b = torch.zeros(d_model // 2, dtype=dtype), torch.ones(d_model // 2, dtype=dtype)
+        rows = []
+        for _ in range(max_len):
+            rows.append(torch.stack([a, b], -1).flatten())
+            a, b = c * a + s * b, c * b - s * a
+        return torch.stack(rows)
+
+    def first_drift(table, tol):
+        error = (table.double() - sinusoidal_encoding(len(table), table.size(1), dtype=torch.float64)).abs().amax(1)
+        over = (error > tol).nonzero()
+        return int(over[0]) if len(over) else None
+
+    def rotate(x, positions):
+        angle = positions[:, None].double() * 10000.0 ** (-torch.arange(0, x.size(-1), 2).double() / x.size(-1))
+        a, b = x[..., 0::2], x[..., 1::2]
+        return torch.stack([angle.cos() * a + angle.sin() * b, angle.cos() * b - angle.sin() * a], -1).flatten(-2)
+
+    def ffn_backward(x, W_1, b_1, W_2, b_2, dy, mask=True):
+        h = x @ W_1 + b_1
+        dh = (dy @ W_2.T) * ((h > 0) if mask else 1)
+        rows = lambda t: t.reshape(-1, t.size(-1))                          # noqa: E731
+        return dh @ W_1.T, rows(x).T @ rows(dh), rows(dh).sum(0), rows(torch.relu(h)).T @ rows(dy), rows(dy).sum(0)
+
+    results = {name: (passed, verdict) for name, passed, verdict in run_checks({
+        "pe_by_rotation": pe_by_rotation, "first_drift": first_drift,
+        "my_smallest_base": lambda n, d_model: ((n - 1) / math.pi) ** (d_model / (d_model - 2)),
+        "rotate": rotate, "ffn_backward": lambda *inputs: ffn_backward(*inputs, mask=False)})}
+    assert results["pe_by_rotation"][0] and "chapter 3, exercise 1" in results["pe_by_rotation"][1]
+    assert results["my_smallest_base"][0] and "chapter 3, exercise 2" in results["my_smallest_base"][1]
+    assert results["rotate"][0] and "chapter 3, exercise 4" in results["rotate"][1]
+    assert not results["ffn_backward"][0] and "through the ReLU everywhere" in results["ffn_backward"][1]

@@ -1,14 +1,23 @@
-"""The graders of Chapter 3's exercises 2-4 (transformer_lib.exercises.positional): the reference answers pass,
+"""The graders of Chapter 3's exercises (transformer_lib.exercises.positional): the reference answers pass,
 in float64 and float32, and the typical wrong answers are caught with a message that names the mistake."""
 
+import math
+
+import pytest
 import torch
 import torch.nn as nn
-from helpers import grader_row
+from helpers import Call, grader_row
 
-from transformer_lib.exercises.positional import check_learned_positions, check_offset_distances, check_rotary
+from transformer_lib.exercises.positional import (
+    check_learned_positions,
+    check_offset_distances,
+    check_pe_recurrence,
+    check_rotary,
+    check_smallest_base,
+)
 from transformer_lib.positional import sinusoidal_encoding
 
-# --- exercise 2: check_offset_distances
+# --- check_offset_distances (an exercise of an earlier edition; the grader stays in the library)
 
 def _omega(d_model, base, exponent=2, dtype=torch.float64):
     return base ** (-exponent * torch.arange(d_model // 2, dtype=dtype) / d_model)
@@ -122,15 +131,21 @@ def offset_matrix(k, d_model):                                    # the chapter'
     return torch.block_diag(*torch.stack([torch.stack([c, s], -1), torch.stack([-s, c], -1)], -2))
 
 
-def rotate(x, positions):
+def rotate(x, positions):                                         # with the matrices M_p, any leading axes
+    if x.dim() > 2:
+        return torch.stack([rotate(rows, positions) for rows in x])
     return torch.stack([offset_matrix(int(p), x.size(-1)) @ row for p, row in zip(positions, x, strict=True)])
 
 
 def rotate32(x, positions):                                       # pairwise, without matrices, in float32
     x = x.float()
     angle = positions[:, None].float() * _omega(x.size(-1), 10000.0, dtype=torch.float32)
-    a, b = x[:, 0::2], x[:, 1::2]
-    return torch.stack([a * angle.cos() + b * angle.sin(), b * angle.cos() - a * angle.sin()], -1).flatten(1)
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack([a * angle.cos() + b * angle.sin(), b * angle.cos() - a * angle.sin()], -1).flatten(-2)
+
+
+def rotate_2d_only(x, positions):                                 # right on (n, d), flattens a batch wrongly
+    return rotate(x.reshape(-1, x.size(-2), x.size(-1))[0], positions) if x.dim() > 2 else rotate(x, positions)
 
 
 def rotate_backwards(x, positions):
@@ -140,7 +155,7 @@ def rotate_backwards(x, positions):
 def rotate_half(x, positions):
     half = x.size(-1) // 2
     angle = positions[:, None].double() * _omega(x.size(-1), 10000.0)
-    a, b = x[:, :half], x[:, half:]
+    a, b = x[..., :half], x[..., half:]
     return torch.cat([a * angle.cos() - b * angle.sin(), b * angle.cos() + a * angle.sin()], -1)
 
 
@@ -159,6 +174,108 @@ def slow_frequencies(x, positions):
     return torch.stack([a * angle.cos() + b * angle.sin(), b * angle.cos() - a * angle.sin()], -1).flatten(1)
 
 
+# --- exercise 1: check_pe_recurrence
+
+def by_rotation(max_len, d_model, dtype, sign=1.0, start=(0.0, 1.0), exponent=2):
+    """Row by row, pair by pair, every operation in dtype."""
+    omega = _omega(d_model, 10000.0, exponent)
+    c, s = omega.cos().to(dtype), (sign * omega.sin()).to(dtype)
+    a, b = (torch.full((d_model // 2,), v, dtype=dtype) for v in start)
+    rows = []
+    for _ in range(max_len):
+        rows.append(torch.stack([a, b], -1).flatten())
+        a, b = c * a + s * b, c * b - s * a
+    return torch.stack(rows)
+
+
+def by_matrix(max_len, d_model, dtype):                          # M_1 as a matrix, column vectors
+    M = offset_matrix(1, d_model).to(dtype)
+    rows = [torch.tensor([0.0, 1.0] * (d_model // 2), dtype=dtype)]
+    for _ in range(max_len - 1):
+        rows.append(M @ rows[-1])
+    return torch.stack(rows)
+
+
+def errors(table):
+    return (table.double() - sinusoidal_encoding(len(table), table.size(1), dtype=torch.float64)).abs().amax(1)
+
+
+def first_drift(table, tol):
+    over = (errors(table) > tol).nonzero()
+    return int(over[0]) if len(over) else None
+
+
+def first_drift_numpy(table, tol):                              # another way to say it: -> an int64 tensor
+    over = torch.where(errors(table) > tol)[0]
+    return over[0] if len(over) else None
+
+
+def backwards(max_len, d_model, dtype):
+    return by_rotation(max_len, d_model, dtype, sign=-1.0)
+
+
+def from_cos_sin(max_len, d_model, dtype):
+    return by_rotation(max_len, d_model, dtype, start=(1.0, 0.0))
+
+
+def rows_exponent_i(max_len, d_model, dtype):
+    return by_rotation(max_len, d_model, dtype, exponent=1)
+
+
+def from_pe_1(max_len, d_model, dtype):
+    return by_rotation(max_len + 1, d_model, dtype)[1:]
+
+
+def from_the_formula(max_len, d_model, dtype):                  # no recurrence: no drift in float32
+    return sinusoidal_encoding(max_len, d_model, dtype=dtype)
+
+
+def in_float64_then_cast(max_len, d_model, dtype):
+    return by_rotation(max_len, d_model, torch.float64).to(dtype)
+
+
+def last_within(table, tol):
+    return first_drift(table, tol) - 1 if first_drift(table, tol) is not None else None
+
+
+def how_many(table, tol):
+    return int((errors(table) > tol).sum())
+
+
+def mean_error(table, tol):
+    mean = (table.double() - sinusoidal_encoding(len(table), table.size(1), dtype=torch.float64)).abs().mean(1)
+    return next((p for p, e in enumerate(mean.tolist()) if e > tol), None)
+
+
+def test_the_float32_drift_is_steady_and_predictable():
+    """The chapter's claim: the float32 recurrence drifts in proportion to p, about p times the error float32's
+    rounding of cos 1 and sin 1 puts into M_1, and passes 1e-4 near p = 2,500, for either way of writing it."""
+    c32, s32 = (torch.tensor(v, dtype=torch.float32).double().item() for v in (math.cos(1.0), math.sin(1.0)))
+    per_step = math.hypot(math.atan2(s32, c32) - 1.0, math.hypot(c32, s32) - 1.0)
+    for fn in (by_rotation, by_matrix):
+        first = first_drift(fn(5000, 64, torch.float32), 1e-4)
+        assert abs(first - 1e-4 / per_step) < 100, (fn.__name__, first)
+        assert errors(fn(300, 64, torch.float64)).max() < 1e-12
+
+
+# --- exercise 2: check_smallest_base
+
+def smallest_base(n, d_model):
+    return ((n - 1) / math.pi) ** (d_model / (d_model - 2))
+
+
+def smallest_base32(n, d_model):
+    return torch.tensor((n - 1) / math.pi, dtype=torch.float32) ** torch.tensor(d_model / (d_model - 2))
+
+
+def test_smallest_base_makes_the_slowest_pair_turn_by_pi():
+    for n, d in ((5000, 512), (1000, 64), (60, 4)):
+        table = sinusoidal_encoding(n, d, dtype=torch.float64)  # base 10000: its slowest column's angle at n - 1
+        b = smallest_base(n, d)
+        assert abs((n - 1) * b ** (-(d - 2) / d) - math.pi) < 1e-9
+        assert math.atan2(table[1, -2], table[1, -1]) == pytest.approx(10000.0 ** (-(d - 2) / d), rel=1e-12)
+
+
 def test_learned_positions_leaves_the_global_random_state_alone():
     torch.manual_seed(123)
     before = torch.get_rng_state()
@@ -167,6 +284,29 @@ def test_learned_positions_leaves_the_global_random_state_alone():
 
 
 GRADERS = [
+    grader_row(check_pe_recurrence, correct=[Call(by_rotation, first_drift), Call(by_matrix, first_drift),
+                                             Call(by_rotation, first_drift_numpy)], mistakes=[
+        (Call(backwards, first_drift), "rotate backwards"),
+        (Call(from_cos_sin, first_drift), "you started from \\(1, 0"),
+        (Call(rows_exponent_i, first_drift), "exponent must be 2i/d_model"),
+        (Call(from_pe_1, first_drift), "starts at PE\\(1\\)"),
+        (Call(from_the_formula, first_drift), "not built by rotating in float32"),
+        (Call(in_float64_then_cast, first_drift), "not built by rotating in float32"),
+        (Call(lambda n, d, dtype: by_rotation(n, d, dtype)[:-1], first_drift), "one row per position"),
+        (Call(by_rotation, last_within), "the last position still within tol"),
+        (Call(by_rotation, how_many), "how many positions"),
+        (Call(by_rotation, mean_error), "mean error"),
+        (Call(by_rotation, lambda table, tol: -1 if first_drift(table, tol) is None else first_drift(table, tol)),
+         "expected None"),
+    ], prints=["float64 equals the formula", "first by more than 1e-4 at position 2"]),
+    grader_row(check_smallest_base, correct=[smallest_base, smallest_base32], mistakes=[
+        (lambda n, d: ((n - 1) / (2 * math.pi)) ** (d / (d - 2)), "full turn"),
+        (lambda n, d: (n - 1) / math.pi, "excluded next pair"),
+        (lambda n, d: ((n - 1) / math.pi) ** (2 * d / (d - 2)), "exponent of pair i is 2i/d_model"),
+        (lambda n, d: (n / math.pi) ** (d / (d - 2)), "n - 1 steps apart"),
+        (lambda n, d: ((n - 1) / math.pi) ** ((d - 2) / d), "turns by 3.327 rad"),
+        (lambda n, d: "10000", "one number"),
+    ]),
     grader_row(check_offset_distances, correct=[distances, distances_from_tables], mistakes=[
         (squared, "squared distance"),
         (dot_product, "that is f"),
@@ -193,5 +333,6 @@ GRADERS = [
         (slow_frequencies, "exponent must be 2i/d_model"),
         (lambda x, positions: x.clone(), "unrotated"),
         (lambda x, positions: rotate(x, positions)[:, :4], "one rotated row per row"),
-    ], prints="p' - p = 7"),
+        (rotate_2d_only, "whatever axes come before them"),
+    ], prints=["p' - p = 7", "also on (B, h, n, d_model)"]),
 ]

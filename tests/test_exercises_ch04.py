@@ -8,7 +8,63 @@ import torch.nn as nn
 import torch.nn.functional as F
 from helpers import Call, grader_row
 
-from transformer_lib.exercises.feed_forward import check_kernel_3, check_swiglu, check_swiglu_width
+from transformer_lib.exercises.feed_forward import (
+    check_ffn_backward,
+    check_kernel_3,
+    check_swiglu,
+    check_swiglu_width,
+)
+
+# --- exercise 1: the backward pass by hand
+
+def _rows(t):
+    return t.reshape(-1, t.size(-1))
+
+
+def _backward(x, W_1, b_1, W_2, b_2, dy, slip=""):
+    """(dx, dW_1, db_1, dW_2, db_2) of y = max(0, x W_1 + b_1) W_2 + b_2, by hand, with one optional slip."""
+    h = x @ W_1 + b_1
+    a = h if slip == "pre-activation" else torch.relu(h)
+    mask = {"no mask": torch.ones_like(h), "mask without b_1": (x @ W_1 > 0).to(h.dtype)}.get(slip, (h > 0).to(h.dtype))
+    dh = (dy @ W_2.T) * mask
+    dW_1 = x.transpose(-2, -1) @ dh if slip == "per sequence" else _rows(x).T @ _rows(dh)
+    dW_2 = _rows(a).T @ _rows(dy)
+    db_1 = dh if slip == "per position" else _rows(dh).sum(0)
+    return dh @ W_1.T, dW_1.T if slip == "dW_1 transposed" else dW_1, db_1, dW_2, _rows(dy).sum(0)
+
+
+def ffn_backward(x, W_1, b_1, W_2, b_2, dy):
+    return _backward(x, W_1, b_1, W_2, b_2, dy)
+
+
+def ffn_backward32(*inputs):
+    return _backward(*(t.float() for t in inputs))
+
+
+def ffn_backward_einsum(x, W_1, b_1, W_2, b_2, dy):              # another way to write it
+    h = x @ W_1 + b_1
+    dh = torch.einsum("...m,fm->...f", dy, W_2) * (h > 0)
+    lead = "abcdefg"[:x.dim() - 1]
+    return (dh @ W_1.T, torch.einsum(f"{lead}m,{lead}f->mf", x, dh), dh.reshape(-1, dh.size(-1)).sum(0),
+            torch.einsum(f"{lead}f,{lead}m->fm", torch.relu(h), dy), dy.reshape(-1, dy.size(-1)).sum(0))
+
+
+def slipped(slip):
+    def fn(*inputs):
+        return _backward(*inputs, slip=slip)
+    fn.__name__ = slip.replace(" ", "_")
+    return fn
+
+
+def by_autograd(x, W_1, b_1, W_2, b_2, dy):
+    inputs = [t.requires_grad_() for t in (x, W_1, b_1, W_2, b_2)]
+    return torch.autograd.grad(torch.relu(inputs[0] @ inputs[1] + inputs[2]) @ inputs[3] + inputs[4], inputs, dy)
+
+
+def test_ffn_backward_leaves_autograd_on():
+    check_ffn_backward(ffn_backward)
+    assert torch.is_grad_enabled()
+
 
 # --- exercise 2: the SwiGLU width
 
@@ -101,6 +157,16 @@ band = distance.abs() <= 1
 
 
 GRADERS = [
+    grader_row(check_ffn_backward, correct=[ffn_backward, ffn_backward32, ffn_backward_einsum], mistakes=[
+        (slipped("no mask"), "passed through the ReLU everywhere"),
+        (slipped("mask without b_1"), "took it from x W_1 alone"),
+        (slipped("pre-activation"), "the units before it"),
+        (slipped("dW_1 transposed"), "dW_1 is transposed"),
+        (slipped("per sequence"), "sum over the batch too"),
+        (slipped("per position"), "one gradient per position"),
+        (by_autograd, "Autograd is off"),
+        (lambda *inputs: ffn_backward(*inputs)[:4], "five tensors"),
+    ], prints="equal autograd's"),
     grader_row(check_swiglu_width, correct=[swiglu_width, swiglu_width_exact, lambda d: torch.tensor(8.0 * d) / 3], mistakes=[
         (same_width, "kept d_ff = 4·d_model"),
         (biases_counted, "biases counted"),
