@@ -6,14 +6,16 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import grader_row
+from helpers import Call, grader_row
 
 from transformer_lib.exercises.sampling import (
     check_bits_per_byte,
     check_kv_cache_bytes,
+    check_lm_loss,
     check_temperature,
     check_top_p,
 )
+from transformer_lib.gpt import lm_loss
 from transformer_lib.sampling import filter_logits
 
 # --- exercise 1: nucleus sampling
@@ -172,6 +174,54 @@ def test_kv_cache_bytes_falls_back_to_the_numbers():
         check_kv_cache_bytes(lambda L, d, h, t, dtype_bytes, batch: 1)
 
 
+# --- exercise 4 (bug hunt): the next-token loss
+
+
+def ce(logits, targets, reduction="mean"):
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction=reduction)
+
+
+def lm_loss_from_whole_window(model, batch):           # causal: the logits of x[:, :-1] are those of x, cut
+    x = batch[0]
+    return ce(model(x)[:, :-1], x[:, 1:])
+
+
+def not_shifted(model, batch):                          # the exercise's bug
+    return ce(model(batch[0]), batch[0])
+
+
+def shifted_the_wrong_way(model, batch):
+    return ce(model(batch[0][:, 1:]), batch[0][:, :-1])
+
+
+def summed(model, batch):
+    return ce(model(batch[0][:, :-1]), batch[0][:, 1:], "sum")
+
+
+def per_window(model, batch):
+    return summed(model, batch) / len(batch[0])
+
+
+def loss_in_bits(model, batch):
+    return lm_loss(model, batch) / math.log(2)
+
+
+def last_position_only(model, batch):
+    return ce(model(batch[0][:, :-1])[:, -1:], batch[0][:, -1:])
+
+
+def a_python_float(model, batch):
+    return lm_loss(model, batch).item()
+
+
+def test_check_lm_loss_leaves_the_callers_generator_alone():
+    torch.manual_seed(5)
+    want = torch.rand(3)
+    torch.manual_seed(5)
+    check_lm_loss(lm_loss)
+    assert torch.equal(torch.rand(3), want)
+
+
 GRADERS = [
     grader_row(check_top_p, correct=[top_p, top_p32], mistakes=[
         (crossing_token_dropped, "makes the sum reach p must be kept"),
@@ -202,4 +252,15 @@ GRADERS = [
         (numbers_not_bytes, "numbers, not bytes"),
         (queries_too, "queries"),
     ], prints='75,497,472'),
+    grader_row(check_lm_loss, correct=[lm_loss, lm_loss_from_whole_window, Call(lm_loss, dtype=torch.float32)],
+               mistakes=[
+        (not_shifted, "scored on its own token"),
+        (Call(not_shifted, dtype=torch.float32), "scored on its own token"),
+        (shifted_the_wrong_way, "shifted the wrong way"),
+        (summed, "a sum over the tokens"),
+        (per_window, "number of windows"),
+        (loss_in_bits, "bits, not nats"),
+        (last_position_only, "only the last position"),
+        (a_python_float, "tensor that backward"),
+    ], prints="check_lm_loss: the mean"),
 ]

@@ -8,13 +8,108 @@ import torch
 from helpers import Call, grader_row
 from torch.utils.data.distributed import DistributedSampler
 
-from transformer_lib.distributed import StepSampler, rng_state, set_rng_state
+from transformer_lib.distributed import StepSampler, restore_training_state, rng_state, set_rng_state
 from transformer_lib.exercises.distributed import (
     check_accumulate,
     check_rank_indices,
+    check_resume,
     check_rng_restore,
     check_token_mean_loss,
+    check_who_reads,
 )
+
+# --- exercise 1: who reads an example (the inverse of StepSampler's rule) ------------------------------------
+
+
+def who_reads(perm, example, world_size, global_batch):
+    p = perm.index(example)
+    if p >= len(perm) // global_batch * global_batch:
+        return None
+    return p // global_batch, p % world_size
+
+
+def who_reads_as_list(perm, example, world_size, global_batch):        # a list or a tensor pair is fine too
+    out = who_reads(perm, example, world_size, global_batch)
+    return None if out is None else torch.tensor(out)
+
+
+def contiguous_block(perm, example, world_size, global_batch):
+    out = who_reads(perm, example, world_size, global_batch)
+    p = perm.index(example)
+    return None if out is None else (p // global_batch, p % global_batch // (global_batch // world_size))
+
+
+def cut_into_shares(perm, example, world_size, global_batch):
+    out = who_reads(perm, example, world_size, global_batch)
+    p, share = perm.index(example), len(perm) // world_size
+    return None if out is None else (p % share // (global_batch // world_size), p // share)
+
+
+def slice_of_global_batch(perm, example, world_size, global_batch):
+    out = who_reads(perm, example, world_size, global_batch)
+    p = perm.index(example)
+    return None if out is None else (p // world_size // global_batch, p % world_size)
+
+
+def id_as_position(perm, example, world_size, global_batch):
+    return who_reads(list(range(len(perm))), example, world_size, global_batch)
+
+
+def never_none(perm, example, world_size, global_batch):
+    p = perm.index(example)
+    return p // global_batch, p % world_size
+
+
+def drops_to_multiple_of_w(perm, example, world_size, global_batch):
+    p = perm.index(example)
+    return None if p >= len(perm) // world_size * world_size else (p // global_batch, p % world_size)
+
+
+def test_who_reads_inverts_step_sampler():
+    from torch.utils.data.distributed import DistributedSampler
+    for n, world_size, batch in ((200, 4, 32), (200, 3, 9), (37, 2, 8)):
+        perm = list(DistributedSampler(range(n), num_replicas=1, rank=0, shuffle=True, seed=3, drop_last=True))
+        read = {e: (step, rank) for rank in range(world_size)
+                for step in range(n // batch) for e in StepSampler(n, batch, rank, world_size, seed=3).indices(step)}
+        assert all(who_reads(perm, e, world_size, batch) == read.get(e) for e in range(n))
+
+
+# --- exercise 4 (bug hunt): a resume that looks complete ------------------------------------------------------
+
+def resume(state, build, slip=None):
+    if slip == "rng first":
+        set_rng_state(state["rng"][0])
+    model, optimizer, scheduler = build()
+    if slip != "weights":
+        model.load_state_dict(state["state_dict"])
+    if slip != "optimizer":
+        optimizer.load_state_dict(state["optimizer"])
+    if slip != "scheduler":
+        scheduler.load_state_dict(state["scheduler"])
+    if slip not in ("rng first", "rng"):
+        set_rng_state(state["rng"][0])
+    return model, optimizer, scheduler, state["step"] + {"next": 1, "previous": -1}.get(slip, 0)
+
+
+def resume_with_the_library(state, build):
+    model, optimizer, scheduler = build()
+    return model, optimizer, scheduler, restore_training_state(state, model, optimizer, scheduler)
+
+
+def slipped(slip):
+    return lambda state, build: resume(state, build, slip)
+
+
+def returns_three(state, build):
+    return resume(state, build)[:3]
+
+
+def test_check_resume_leaves_the_callers_generators_alone():
+    torch.manual_seed(5)
+    want = torch.rand(3)
+    torch.manual_seed(5)
+    check_resume(resume)
+    assert torch.equal(torch.rand(3), want)
 
 # --- exercise 1: which examples each rank reads -----------------------------------------------------------
 
@@ -245,6 +340,26 @@ def test_check_rng_restore_leaves_the_callers_generators_alone():
 
 
 GRADERS = [
+    grader_row(check_who_reads, correct=[who_reads, who_reads_as_list], mistakes=[
+        (contiguous_block, "contiguous block of the step's batch"),
+        (cut_into_shares, "cut the permutation into world_size shares"),
+        (slice_of_global_batch, "not global_batch"),
+        (id_as_position, "id as its position"),
+        (never_none, "return None for them"),
+        (drops_to_multiple_of_w, "only the examples past a multiple of world_size"),
+        (lambda perm, example, world_size, global_batch: [0], "return \\(step, rank\\)"),
+    ], prints="check_who_reads: every example"),
+    grader_row(check_resume, correct=[resume, resume_with_the_library, Call(resume, dtype=torch.float32)], mistakes=[
+        (slipped("rng first"), "restored and then the model was built"),
+        (Call(slipped("rng first"), dtype=torch.float32), "restored and then the model was built"),
+        (slipped("rng"), "generators are not restored"),
+        (slipped("optimizer"), "Adam's moments are not restored"),
+        (slipped("scheduler"), "schedule is not restored"),
+        (slipped("weights"), "fresh random weights"),
+        (slipped("next"), "skips a batch"),
+        (slipped("previous"), "repeats the last batch"),
+        (returns_three, "must return \\(model, optimizer, scheduler, step\\)"),
+    ], prints="check_resume: the run resumed"),
     grader_row(check_rank_indices, correct=[rank_indices, lambda *a: torch.tensor(rank_indices(*a))], mistakes=[
         (contiguous_blocks, "contiguous block"),
         (whole_global_batch, "not the whole global batch"),

@@ -126,14 +126,17 @@ COMPONENTS = {
     "pool": ((), "classifier:check_pooling", "chapter 10, exercise 1", None),
     "top_p": ((), "sampling:check_top_p", "chapter 11, exercise 1", None),
     "bits_per_byte": ((), "sampling:check_bits_per_byte", "chapter 11, exercise 2", None),
-    "kv_cache_bytes": ((), "sampling:check_kv_cache_bytes", "chapter 11, exercise 4", None),
+    "kv_cache_bytes": ((), "sampling:check_kv_cache_bytes", "chapter 11, section 11.7", None),
+    "lm_loss": ((), "sampling:check_lm_loss", "chapter 11, exercise 4", None),
     "relative_position_bucket": ((), "t5:check_buckets", "chapter 12, exercise 1", None),
     "GatedFeedForward": ((), "t5:check_gated_ffn", "chapter 12, exercise 2", None),
     "overlapping_patchify": ((), "t5:check_overlapping_patches", "chapter 12, exercise 4", None),
-    "rank_indices": ((), "distributed:check_rank_indices", "chapter 13, exercise 1", None),
+    "who_reads": ((), "distributed:check_who_reads", "chapter 13, exercise 1", None),
+    "rank_indices": ((), "distributed:check_rank_indices", "chapter 13, section 13.2", None),
     "token_mean_loss": ((), "distributed:check_token_mean_loss", "chapter 13, exercise 2",
                         _token_mean_loss_with_n_local),
-    "rng_state": (("set_rng_state",), "distributed:check_rng_restore", "chapter 13, exercise 4", None),
+    "rng_state": (("set_rng_state",), "distributed:check_rng_restore", "chapter 13, section 13.4", None),
+    "resume": ((), "distributed:check_resume", "chapter 13, exercise 4", None),
 }
 
 # The exercises' names for the same components: my_<name> is read as <name>, and these as well.

@@ -91,7 +91,7 @@ def _not_arrived(error, rank: int, world_size: int, timeout: float) -> str:
     return (f"rank {rank} of WORLD_SIZE={world_size} could not join the process group at {where} within "
             f"{timeout:g} s: rank 0 did not arrive (or is unreachable there); {hint}")
 
-
+# %% ../chapters/13_scaling.ipynb #c006b
 def setup_distributed(device=None, timeout=None) -> DistributedContext:
     """Read torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK) and, with more than one process, join the
     process group: backend "nccl" for GPUs, "gloo" for CPUs. Run without torchrun, the variables are absent:
@@ -279,7 +279,7 @@ def set_rng_state(state: dict) -> None:
                          "state": {"key": n["key"].numpy().astype(np.uint32), "pos": n["pos"]},
                          "has_gauss": n["has_gauss"], "gauss": n["gauss"]})
 
-
+# %% ../chapters/13_scaling.ipynb #c015b
 def _check_rng_state(state) -> None:
     """state has rng_state()'s layout, checked before any generator is set (a bad state changes none of them)."""
     if not isinstance(state, dict) or not {"torch", "cuda", "python", "numpy"} <= set(state):
@@ -355,7 +355,7 @@ def training_state(model, optimizer, scheduler, step: int, *, scaler=None, rng=N
         state["scaler"] = scaler.state_dict()
     return state
 
-
+# %% ../chapters/13_scaling.ipynb #c016b
 def restore_training_state(state: dict, model, optimizer=None, scheduler=None, *, scaler=None, rank: int = 0,
                            restore_rng: bool = True) -> int:
     """Load what training_state() saved into the given objects (those passed as None are skipped) and return
