@@ -246,6 +246,7 @@ def test_check_raw_length_passes_a_right_answer_and_names_mistakes():
         "sentinels are not counted": dict(sentinels=0),
         "neither the sentinels nor the EOS": dict(sentinels=0, eos=0),
         "one past the largest": dict(extra=1),
+        "one short": dict(extra=-1),
         "closing sentinel or its EOS": dict(target=1),
         r"cases wrong\)$": dict(target=3),                          # not a named slip: the numbers only
     }

@@ -186,11 +186,12 @@ def check_raw_length(raw_length):
         return mutant
 
     cases = {f"raw_length({length}, {d}, {m})": (length, d, m)
-             for d, m, lengths in ((0.15, 3.0, range(3, 520, 13)), (0.3, 5.0, range(5, 300, 29)),
+             for d, m, lengths in ((0.15, 3.0, range(5, 520, 13)), (0.3, 5.0, range(5, 300, 29)),
                                    (0.1, 2.0, (7, 64, 100, 255, 256, 257, 400, 511, 512, 513)))
              for length in lengths}
     mistakes = {        # named when the reader's answers equal the slip's on every case the reader gets wrong
         "n is one past the largest n whose input fits": answer(extra=1),
+        "n is one short: the largest n whose input has AT MOST inputs_length tokens (<=, not <)": answer(extra=-1),
         "the input's EOS is not counted (span_corruption ends the input with EOS)": answer(lambda i, s: i - 1),
         "the sentinels are not counted: each dropped span leaves one sentinel in the input": answer(lambda i, s: i - s),
         "neither the sentinels nor the EOS are counted in the input": answer(lambda i, s: i - s - 1),
