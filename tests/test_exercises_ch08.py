@@ -12,11 +12,12 @@ from transformer_lib.data import CharTokenizer, number_pairs
 from transformer_lib.decoding import length_penalty
 from transformer_lib.exercises.training import (
     check_cached_greedy,
+    check_cosine_lr,
     check_fixed_smoothing_loss,
+    check_french_characters,
     check_label_smoothing,
     check_length_penalty,
     check_noam,
-    check_seven_digits,
 )
 from transformer_lib.training import noam_lr
 
@@ -123,20 +124,71 @@ def max_not_min(step, d_model, warmup):
     return d_model ** -0.5 * max(step ** -0.5, step * warmup ** -1.5)
 
 
-# --- exercise 4: seven digits
+# --- exercise 3: a cosine schedule
 
 
-def test_seven_digits_agrees_with_the_chapters_data():
-    """The grader's character sets equal those of the chapter's tokenizer (a sample of its training numbers)."""
+def cosine(step, total, warmup, peak):
+    if step <= warmup:
+        return peak * step / warmup
+    return peak * 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total - warmup)))
+
+
+def cosine32(step, total, warmup, peak):
+    s = torch.tensor(float(step), dtype=torch.float32)
+    if step <= warmup:
+        return peak * s / warmup
+    return peak * 0.5 * (1 + torch.cos(math.pi * (s - warmup) / (total - warmup)))
+
+
+BELOW_TENTH = 100 + math.floor(1900 * math.acos(-0.8) / math.pi) + 1          # 1611
+
+
+def test_below_tenth_is_the_first_step_below_a_tenth():
+    lrs = [cosine(s, 2000, 100, 1.0) for s in range(1, 2001)]
+    assert lrs[BELOW_TENTH - 1] < 0.1 <= lrs[BELOW_TENTH - 2] and BELOW_TENTH == 1611
+
+
+def cosine_from_zero(step, total, warmup, peak):
+    return cosine(step - 1, total, warmup, peak)
+
+
+def no_half(step, total, warmup, peak):
+    return 2 * cosine(step, total, warmup, peak) if step > warmup else cosine(step, total, warmup, peak)
+
+
+def over_total(step, total, warmup, peak):
+    return cosine(step, total + warmup, warmup, peak)
+
+
+def linear_decay(step, total, warmup, peak):
+    return peak * step / warmup if step <= warmup else peak * (total - step) / (total - warmup)
+
+
+def no_warmup(step, total, warmup, peak):
+    return peak * 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total - warmup)))
+
+
+def from_step_zero(step, total, warmup, peak):
+    return peak * step / warmup if step <= warmup else peak * 0.5 * (1 + math.cos(math.pi * step / total))
+
+
+# --- exercise 4: another target language
+
+
+def test_french_characters_agree_with_num2words_and_the_chapters_tokenizer():
+    """The grader's answer equals what the chapter's tokenizer (from a sample of its training numbers) and French
+    number words of 0..999 and every thousand-word give."""
+    from num2words import num2words
+
     sample = number_pairs(list(range(0, 1_000_000, 997)) + list(range(1000)))
     tokenizer = CharTokenizer.from_texts([text for pair in sample for text in pair])
-    german = {ch for _, de in sample for ch in de}
-    seven = {ch for _, de in number_pairs([1_000_000, 2_345_678, 9_999_999, 7_777_777]) for ch in de}
-    unknown, missing = seven - set(tokenizer.stoi), seven - german
-    assert (unknown, missing) == ({"M"}, {" ", "M", "o"})
-    check_seven_digits(unknown, missing)
-    check_seven_digits("M", " Mo")
-    check_seven_digits(["M"], sorted(missing))
+    french = [num2words(n, lang="fr") for n in range(1000)]
+    more = [num2words(n, lang="fr") for n in range(0, 1_000_000, 9973)]
+    missing = {ch for text in french + more for ch in text} - set(tokenizer.stoi)
+    assert missing == {"m", "p", "q", "é"}
+    unwritable = sum(any(ch in missing for ch in text) for text in french)
+    assert unwritable == 707
+    check_french_characters(missing, unwritable)
 
 
 # --- bug hunt 6: the KV-cached greedy decoder
@@ -209,10 +261,15 @@ def not_argmax(model, src, max_new_tokens):
 
 def test_graders_are_fast():
     import time
+
+    def run_all():
+        check_cached_greedy(cached_greedy)
+        check_noam(noam, peak_step=4000, peak_lr=math.sqrt(1 / 64 / 4000))
+        check_length_penalty(score)
+        check_cosine_lr(cosine, below_tenth=BELOW_TENTH)
+    run_all()                  # once first: torch's lazy imports (the first optimizer takes seconds) are not grading
     start = time.perf_counter()
-    check_cached_greedy(cached_greedy)
-    check_noam(noam, peak_step=4000, peak_lr=math.sqrt(1 / 64 / 4000))
-    check_length_penalty(score)
+    run_all()
     assert time.perf_counter() - start < 1.0
 
 
@@ -243,14 +300,29 @@ GRADERS = [
         (Call(noam, peak_lr=4000 ** -0.5), "forgot d_model\\^-0.5"),
         (Call(noam, peak_lr=6.988e-4), "d_model = 512"),
     ]),
-    grader_row(check_seven_digits, correct=[Call({"M"}, {" ", "M", "o"}), Call("M", " Mo"), Call(["M"], [" ", "M", "o"])],
-               mistakes=[
-        (Call({"m"}, {" ", "M", "o"}), "is in the English 'million'"),
-        (Call({"M"}, {"M"}), "' ' \\(the space between 'eine' and 'Million'\\) is missing"),
-        (Call({"M"}, {" ", "M"}), "'o' \\(from 'Million'\\) is missing"),
-        (Call({"M", "o"}, {" ", "M", "o"}), "'o' should not be there: the tokenizer has an id for it"),
-        (Call({"M"}, {" ", "M", "o", "l"}), "'l' should not be there: some German target below a million has it"),
-    ]),
+    grader_row(check_cosine_lr, correct=[cosine, cosine32, Call(cosine, below_tenth=BELOW_TENTH),
+                                         Call(cosine, below_tenth=float(BELOW_TENTH))], mistakes=[
+        (cosine_from_zero, "step counted from 0"),
+        (no_half, "the 1/2 is missing"),
+        (over_total, "the cosine runs over total_steps"),
+        (linear_decay, "that is the linear decay"),
+        (no_warmup, "the warm-up is missing"),
+        (from_step_zero, "the cosine starts at step 0"),
+        (Call(cosine, below_tenth=BELOW_TENTH - 1), "the last step at or above a tenth"),
+        (Call(cosine, below_tenth=1811), "the linear decay's step"),
+        (Call(cosine, below_tenth=1500), "solve \\(1 \\+ cos"),
+    ], prints="check_cosine_lr: your schedule is right"),
+    grader_row(check_french_characters, correct=[Call({"m", "p", "q", "é"}, 707), Call("mpqé", 707.0),
+                                                 Call(["é", "m", "p", "q"], torch.tensor(707))], mistakes=[
+        (Call({"p", "q", "é"}, 707), "'m' is missing: 'mille'"),
+        (Call({"m", "p", "q"}, 707), "'é' is missing: 'zéro'"),
+        (Call({"m", "p", "q", "é", "a"}, 707), "the tokenizer has ids for \\['a'\\]"),
+        (Call({"m", "p", "q", "é", "M"}, 707), "occur in no French number word"),
+        (Call({"m", "p", "q", "é"}, 706), "0 \\(zéro\\) counts"),
+        (Call({"m", "p", "q", "é"}, 293), "how many the model could write"),
+        (Call({"m", "p", "q", "é"}, 0.707), "not a fraction"),
+        (Call({"m", "p", "q", "é"}, 700), "count the numbers 0..999"),
+    ], prints="check_french_characters: the tokenizer lacks 4"),
     grader_row(check_cached_greedy, correct=[cached_greedy, cached_greedy32, library_cache], mistakes=[
         (forgot_offset, "step t gets the encoding of position 0: the cache forgot the position offset"),
         (offset_plus_one, "position t \\+ 1"),

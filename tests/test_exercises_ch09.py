@@ -4,12 +4,13 @@ import numpy as np
 import torch
 from helpers import grader_row
 
-from transformer_lib.complexity import transformer_flops
+from transformer_lib.complexity import count_flops, ffn_flops, mha_flops
 from transformer_lib.exercises.complexity import (
-    check_crossover,
+    check_cached_decode_flops,
     check_encoder_layer_flops,
-    check_tokens_per_second,
+    check_training_crossover,
 )
+from transformer_lib.model import Transformer, TransformerConfig
 
 # --- exercise 1: an encoder layer's FLOPs
 
@@ -38,40 +39,79 @@ def only_q_k(B, n, d, d_ff):                               # weights V forgotten
     return encoder_layer_flops(B, n, d, d_ff) - 2 * B * n * n * d
 
 
-# --- exercise 2: the crossover length
+# --- exercise 2: the crossover of a training step (fused attention)
 
-def crossover_length(d_model, d_ff):
-    return 2 * d_model + d_ff
-
-
-# --- exercise 3: tokens per second
-
-def tokens_per_second(config, B, S, T, F):
-    return B * T * F / transformer_flops(config, B, S, T, backward=True)
+def training_crossover(d_model, d_ff):
+    return (12 * d_model + 6 * d_ff) / 7
 
 
-def forward_only(config, B, S, T, F):
-    return B * T * F / transformer_flops(config, B, S, T)
+def test_training_crossover_agrees_with_flop_counter():
+    """At the crossover of a training step the n^2 part and the rest cost the same, as FlopCounterMode counts them: an
+    encoder layer's step measured at two lengths splits into a*n + b*n^2, and the n where a*n = b*n^2 is the answer."""
+    from transformer_lib.encoder import EncoderLayer
+    d, d_ff = 8, 20                                       # crossover (96 + 120) / 7, not an integer
+    layer = EncoderLayer(d, 2, d_ff, dropout=0.0)
+
+    def step(n):
+        x = torch.randn(1, n, d, requires_grad=True)    # inside a model the layer's input needs a gradient
+        return count_flops(lambda: layer(x).sum().backward())
+    s1, s2 = step(3), step(6)                             # s(n) = a n + b n^2
+    b = (s2 - 2 * s1) / 18
+    a = (s1 - 9 * b) / 3
+    assert abs(a / b - training_crossover(d, d_ff)) < 1e-9
 
 
-def backward_counted_twice(config, B, S, T, F):
-    return B * T * F / (3 * transformer_flops(config, B, S, T, backward=True))
+# --- exercise 3: the FLOPs of T cached decoding steps
+
+def cached_decode_flops(config, B, S, T):
+    d, d_ff, L = config.d_model, config.d_ff, config.num_decoder_layers
+    return B * L * (T * (12 * d * d + 4 * S * d + 4 * d * d_ff) + 2 * d * T * (T + 1) + 4 * S * d * d)
 
 
-def source_tokens(config, B, S, T, F):
-    return B * S * F / transformer_flops(config, B, S, T, backward=True)
+def test_cached_decode_flops_agrees_with_flop_counter():
+    torch.manual_seed(0)
+    config = TransformerConfig(30, 35, d_model=16, num_heads=2, d_ff=24, num_encoder_layers=2, num_decoder_layers=3,
+                               dropout=0.0, tie_embeddings=False)
+    model = Transformer(config).eval()
+    src, tgt = torch.randint(1, 30, (2, 7)), torch.randint(1, 35, (2, 9))
+    memory, src_mask, cache = model.encode(src), model.make_src_mask(src), model.decoder.new_cache()
+    with torch.no_grad():
+        counted = sum(count_flops(model.decode, tgt[:, t - 1:t], memory, src_mask, cache=cache) for t in range(1, 10))
+    assert counted == cached_decode_flops(config, 2, 7, 9)
 
 
-def both_sides(config, B, S, T, F):
-    return B * (S + T) * F / transformer_flops(config, B, S, T, backward=True)
+def memory_every_step(c, B, S, T):
+    return cached_decode_flops(c, B, S, T) + B * c.num_decoder_layers * (T - 1) * 4 * S * c.d_model ** 2
 
 
-def per_sentence(config, B, S, T, F):
-    return T * F / transformer_flops(config, B, S, T, backward=True)
+def memory_never(c, B, S, T):
+    return cached_decode_flops(c, B, S, T) - B * c.num_decoder_layers * 4 * S * c.d_model ** 2
 
 
-def seconds_per_token(config, B, S, T, F):
-    return 1 / tokens_per_second(config, B, S, T, F)
+def keys_one_short(c, B, S, T):                           # step t attends to t - 1 keys
+    return cached_decode_flops(c, B, S, T) - B * c.num_decoder_layers * 4 * c.d_model * T
+
+
+def no_cross_scores(c, B, S, T):
+    return cached_decode_flops(c, B, S, T) - B * c.num_decoder_layers * 4 * S * c.d_model * T
+
+
+def no_ffn_decode(c, B, S, T):
+    return cached_decode_flops(c, B, S, T) - B * c.num_decoder_layers * 4 * c.d_model * c.d_ff * T
+
+
+def encoder_layers(c, B, S, T):
+    return cached_decode_flops(c, B, S, T) // c.num_decoder_layers * c.num_encoder_layers
+
+
+def with_generator(c, B, S, T):
+    return cached_decode_flops(c, B, S, T) + 2 * B * T * c.d_model * c.tgt_vocab_size
+
+
+def without_cache(c, B, S, T):
+    d = c.d_model
+    return c.num_decoder_layers * sum(mha_flops(B, t, t, d) + mha_flops(B, t, S, d) + ffn_flops(B * t, d, c.d_ff)
+                                      for t in range(1, T + 1))
 
 
 GRADERS = [
@@ -83,23 +123,31 @@ GRADERS = [
         (only_q_k, "one of the two n\\^2 products is missing"),
         (lambda *a: encoder_layer_flops(*a) + 1, "off by \\+1"),
     ], prints='check_encoder_layer_flops: correct'),
-    grader_row(check_crossover, correct=[crossover_length, lambda d, f: np.float32(2 * d + f), lambda d, f: torch.tensor(2.0 * d + f, dtype=torch.float32)], mistakes=[
-        (lambda d, f: f, "equals the FFN alone"),
-        (lambda d, f: 2 * d, "equals the four projections alone"),
-        (lambda d, f: 6 * d, "right only for d_ff = 4 d_model"),
-        (lambda d, f: 4 * d + 2 * f, "counts only Q K\\^T"),
-        (lambda d, f: d + f, "2 FLOPs"),
-        (lambda d, f: 2 * f + d, "mixes up d_model and d_ff"),
+    grader_row(check_training_crossover, correct=[training_crossover, lambda d, f: np.float32((12 * d + 6 * f) / 7),
+                                                  lambda d, f: torch.tensor((12 * d + 6 * f) / 7, dtype=torch.float32)],
+               mistakes=[
+        (lambda d, f: 2 * d + f, "the forward pass's crossover"),
+        (lambda d, f: (24 * d + 12 * f) / 10, "but not its forward pass"),
+        (lambda d, f: (8 * d + 4 * f) / 14, "the n d\\^2 products none"),
+        (lambda d, f: (24 * d + 12 * f) / 16, "recomputes both n\\^2 products"),
+        (lambda d, f: (24 * d + 12 * f) / 7, "counts the forward pass's n\\^2 term as 2 n\\^2 d"),
+        (lambda d, f: 1.01 * (12 * d + 6 * f) / 7, "off by"),
         (lambda d, f: None, "must be one number"),
-    ], prints='check_crossover: correct'),
-    grader_row(check_tokens_per_second, correct=[tokens_per_second, lambda c, B, S, T, F: B * T * F / transformer_flops(c, B, S, T, backward=True,
-                                                                                  fused=False), lambda *a: torch.tensor(tokens_per_second(*a), dtype=torch.float32)], mistakes=[
-        (forward_only, "forward pass only"),
-        (backward_counted_twice, "multiplies by 3 twice"),
-        (source_tokens, "counts the source tokens"),
-        (both_sides, "counts source and target tokens"),
-        (per_sentence, "tokens of one sentence"),
-        (seconds_per_token, "seconds per token"),
-        (lambda *a: 1.5 * tokens_per_second(*a), "one step costs"),
-    ], prints='check_tokens_per_second: correct'),
+    ], prints="check_training_crossover: correct"),
+    grader_row(check_cached_decode_flops, correct=[cached_decode_flops,
+                                                   lambda *a: torch.tensor(float(cached_decode_flops(*a)),
+                                                                           dtype=torch.float32),
+                                                   lambda *a: float(np.float32(cached_decode_flops(*a)))],
+               mistakes=[
+        (memory_every_step, "projects the memory .* at every step"),
+        (memory_never, "projection of the memory is missing"),
+        (keys_one_short, "one too few"),
+        (no_cross_scores, "scores and weighted sum over the S memory positions"),
+        (no_ffn_decode, "feed-forward network"),
+        (lambda *a: cached_decode_flops(*a) / 2, "half"),
+        (encoder_layers, "counts the encoder's layers"),
+        (with_generator, "adds the generator"),
+        (without_cache, "decoding without the cache"),
+        (lambda *a: cached_decode_flops(*a) + 1000, "off by \\+1,000"),
+    ], prints="check_cached_decode_flops: correct"),
 ]

@@ -89,7 +89,8 @@ def transformer_flops(config, batch: int, src_len: int, tgt_len: int, backward: 
     """Matrix-multiply FLOPs of Transformer(config)(src (B, S), tgt (B, T)): forward, or forward + backward
     (backward = 2 x forward: each product needs one product for the input's gradient and one for the weight's;
     a fused attention kernel also recomputes Q K^T, so its n^2 part costs 2.5 x forward, fused=False: 2 x).
-    Embedding lookups, LayerNorm, softmax, ReLU, dropout and residual adds are O(n d) each and not counted."""
+    Element-wise work is not counted: embedding lookups, LayerNorm, ReLU, dropout and residual adds are O(n d) each;
+    the scaling, masking and softmax of the attention scores O(h n_q n_k)."""
     _check_config(config)
     B, S, T = check_int("batch", batch, minimum=0), check_int("src_len", src_len), check_int("tgt_len", tgt_len)
     check_bool("backward", backward), check_bool("fused", fused)
