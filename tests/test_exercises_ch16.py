@@ -231,3 +231,11 @@ GRADERS = [
         (overlap_counted_once, "overlapping pair counted once"),
     ], prints="6 small vocabularies"),
 ]
+
+
+def test_no_merge_case_spells_a_token_twice():
+    """Exercise 2's text says the grader's vocabularies never meet a repeat (a merge spelling a token already there)."""
+    from transformer_lib.exercises.assistant import _MERGE_CASES
+    for word_counts, k in _MERGE_CASES:
+        strings = [a + b for a, b in merges(word_counts, k)]
+        assert len(set(strings)) == len(strings) and not set(strings) & {c for w in word_counts for c in w}
