@@ -30,7 +30,7 @@ def check_rope(fn) -> None:
     mistakes = {
         "the pairs are neighbours (2i, 2i+1) here: pair feature i with feature i + d_k/2 (the first half with "
         "the second), as Hugging Face's Llama does": lambda x, offset: turned(x, offset, "neighbours"),
-        "the rotation turns the wrong way: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)":
+        "the rotation turns the wrong way: each pair is turned by -mθ_i instead of +mθ_i":
             lambda x, offset: turned(x, offset, "backwards"),
         "the positions must start at offset (the tokens already cached), not at 0":
             lambda x, offset: RotaryEmbedding(x.size(-1))(x, 0),
