@@ -46,7 +46,8 @@ def gqa(q, k, v, repeat="interleave", causal=True, scale=None, axis=-1):
         k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
     s = q @ k.transpose(-2, -1) * (scale or q.size(-1) ** -0.5)
     if causal:
-        s = s.masked_fill(~causal_mask(q.size(-2)), float("-inf"))
+        allowed = causal_mask(q.size(-2))
+        s = s.masked_fill(~(allowed.T if causal == "transposed" else allowed), float("-inf"))
     return s.softmax(axis) @ v
 
 
@@ -54,7 +55,7 @@ def lora_from_update(W, W_tuned, rank, alpha, of="update", end="largest", values
     U, S, Vh = torch.linalg.svd(W_tuned - W if of == "update" else W_tuned, full_matrices=False)
     keep = slice(0, rank) if end == "largest" else slice(len(S) - rank, len(S))
     A, B = Vh[keep], U[:, keep] * (S[keep] if values else 1)
-    return A, B * (rank / alpha if undo_scale else 1)
+    return A, B * (rank / alpha if undo_scale is True else alpha / rank if undo_scale == "wrong way" else 1)
 
 
 GRADERS = [
@@ -70,14 +71,16 @@ GRADERS = [
         gqa, lambda q, k, v: gqa(q.double(), k.double(), v.double()),
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
     ], mistakes=[
-        (lambda q, k, v: gqa(q, k, v, repeat="tile"), "interleaved.*i // \\(h / h_kv\\)"),
+        (lambda q, k, v: gqa(q, k, v, repeat="tile"), "interleaved.*i % h_kv"),
         (lambda q, k, v: gqa(q, k, v, causal=False), "no causal mask"),
+        (lambda q, k, v: gqa(q, k, v, causal="transposed"), "causal mask is transposed"),
+        (lambda q, k, v: gqa(q, k, v, scale=1.0), "scores are not scaled"),
         (lambda q, k, v: gqa(q, k, v, scale=1 / q.size(-1)), "1/sqrt\\(d_k\\)"),
         (lambda q, k, v: gqa(q, k, v, axis=-2).nan_to_num(), "over the queries"),
         (lambda q, k, v: gqa(q[:, :k.size(1)], k, v), "one output head per K/V head"),
     ]),
     grader_row(check_online_merge, correct=[merge, lambda *a: tuple(v.double() for v in merge(*a))], mistakes=[
-        (lambda m1, l1, m2, l2: (torch.maximum(m1, m2), l1 + l2), "rescale"),
+        (lambda m1, l1, m2, l2: (torch.maximum(m1, m2), l1 + l2), "against its own maximum"),
         (rescaled_wrong_way, "wrong way"),
         (lambda m1, l1, m2, l2: (torch.maximum(m1, m2), torch.tensor(float("nan"))), "not finite"),  # exp(-inf + inf)
         (lambda m1, l1, m2, l2: l1 + l2, "pair"),
@@ -88,6 +91,7 @@ GRADERS = [
         lambda W, Wt, r, a: lora_from_update(W, Wt, r, a)[::-1][::-1],
     ], mistakes=[
         (lambda *x: lora_from_update(*x, undo_scale=False), "scale is not undone"),
+        (lambda *x: lora_from_update(*x, undo_scale="wrong way"), "undone the wrong way round"),
         (lambda *x: lora_from_update(*x, of="W_tuned"), "SVD of W_tuned itself"),
         (lambda *x: lora_from_update(*x, end="smallest"), "smallest singular values"),
         (lambda *x: lora_from_update(*x, values=False), "singular values were dropped"),

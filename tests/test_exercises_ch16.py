@@ -68,6 +68,33 @@ def differences_of_prefixes(tok, ids):                # new text = decode(prefix
     return shown
 
 
+def held_until_all_decodes(tok, ids):                  # a token waits whole while any byte is unfinished
+    shown, pending = [], b""
+    for i in ids:
+        pending += tok.token_bytes(i)
+        try:
+            shown.append(pending.decode("utf-8"))
+            pending = b""
+        except UnicodeDecodeError:
+            shown.append("")
+    if shown and pending:
+        shown[-1] += pending.decode("utf-8", errors="replace")
+    return shown
+
+
+def no_flush_at_the_end(tok, ids):                     # the unfinished bytes of the last character are lost
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    return [utf8.decode(tok.token_bytes(i)) for i in ids]
+
+
+def test_streams_hold_a_token_with_complete_characters_then_a_cut_one():
+    from transformer_lib.exercises.assistant import _stream_tokenizer, _streams
+    tok = _stream_tokenizer()
+    assert any(incremental(tok, ids)[:k + 1] != held_until_all_decodes(tok, ids)[:k + 1] and incremental(tok, ids)[k]
+               for _, ids in _streams(tok) for k in range(len(ids)))
+    assert any(tok.token_bytes(i) == b"na\xc3" for _, ids in _streams(tok) for i in ids)
+
+
 def one_string(tok, ids):
     return tok.decode(ids)
 
@@ -164,6 +191,10 @@ def overlap_counted_once(word_counts, num_merges):
     return _with_key(word_counts, num_merges, lambda counts, vocab, p: (counts[p], -p[0], -p[1]), count)
 
 
+def ties_first_seen(word_counts, num_merges):         # max over a Counter keeps the first pair it meets
+    return _with_key(word_counts, num_merges, lambda counts, vocab, p: (counts[p],))
+
+
 def as_ids(word_counts, num_merges):
     return [(0, 1)] * num_merges
 
@@ -189,11 +220,22 @@ GRADERS = [
         (all_at_the_end, "as soon as its last byte has arrived"),
         (bytes_dropped, "characters are missing"),
         (differences_of_prefixes, "shows '\ufffd'"),
+        (held_until_all_decodes, "text held back longer than needed"),
+        (no_flush_at_the_end, "flush the bytes still held back"),
     ], prints="a stream cut inside a character"),
     grader_row(check_bpe_merges, correct=[merges, merges_as_lists, with_library], mistakes=[
         (unweighted, "counts not weighted"),
         (ties_to_largest_ids, "tie broken the other way"),
+        (ties_first_seen, "order in which pairs were first seen"),
         (ties_alphabetical, "alphabetical order"),
         (overlap_counted_once, "overlapping pair counted once"),
-    ], prints="5 small vocabularies"),
+    ], prints="6 small vocabularies"),
 ]
+
+
+def test_no_merge_case_spells_a_token_twice():
+    """Exercise 2's text says the grader's vocabularies never meet a repeat (a merge spelling a token already there)."""
+    from transformer_lib.exercises.assistant import _MERGE_CASES
+    for word_counts, k in _MERGE_CASES:
+        strings = [a + b for a, b in merges(word_counts, k)]
+        assert len(set(strings)) == len(strings) and not set(strings) & {c for w in word_counts for c in w}

@@ -80,7 +80,9 @@ def most_frequent_pair(counts: dict) -> tuple:
 class ByteBPE:
     """A byte-level BPE tokenizer. vocab: id -> token (the special tokens, then the 256 BYTE_CHARS, then the
     merged tokens); merges: the (left id, right id) pairs in the order they were learned.
-    encode(text) -> list of ids; decode(ids) -> text. Text never encodes to a special token."""
+    encode(text) -> list of ids; decode(ids) -> text. Text encodes to a special token only where a merge spells
+    the special's string (one written in byte characters inside one piece, e.g. 'Ġthe', as in tokenizers);
+    '<|endoftext|>' spans three pieces of pretokenize, so no text reaches it."""
 
     def __init__(self, vocab, merges, special_tokens=()):
         self.vocab, self.merges, self.special_tokens = list(vocab), list(merges), list(special_tokens)

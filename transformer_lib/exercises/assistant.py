@@ -18,18 +18,24 @@ from ..validation import describe
 
 @functools.cache
 def _stream_tokenizer():
-    """A small byte-level BPE whose tokens cut characters: trained on a little text in several scripts, some of
-    its merged tokens end inside a character and some join the end of one character to the start of the next."""
+    """A small byte-level BPE trained on a little text in several scripts. Some of its merged tokens end inside a
+    character (b'na\\xc3': two complete characters, then the first byte of ï) and some join the end of one
+    character to the start of the next (b'\\xb1\\xe4', inside 東京); _streams uses both."""
     texts = ["naïve café, déjà vu " * 3, "東京 大阪 東京都 " * 3, "ok 🙂 fine 🙂🙂 " * 3, "def f(x):\n    return x\n" * 2]
     return train_byte_bpe(texts, 256 + 1 + 48)
 
 
 def _streams(tok):
-    """(what, ids) pairs: texts encoded by tok, and one stream cut inside a character."""
+    """(what, ids) pairs: texts encoded by tok; streams of tokens that end inside a character after complete
+    ones (b'na\\xc3') or join two characters (b'\\xb1\\xe4'); one stream cut inside a character."""
     texts = ["naïve café", "東京 and 大阪", "ok 🙂🙂 done", "plain ASCII", "½ x² — 5 €", "é", "京都🙂"]
     streams = [(repr(t), tok.encode(t)) for t in texts]
+    token = lambda raw: tok.ids["".join(BYTE_CHARS[b] for b in raw)]               # noqa: E731  (bytes -> its id)
+    split = [("'naïve' as b'na\\xc3' + b'\\xafve'", [token(b"na\xc3"), token(b"\xafve")]),
+             ("'東京' as b'\\xe6\\x9d' + b'\\xb1\\xe4' + b'\\xba\\xac'",
+              [token(b"\xe6\x9d"), token(b"\xb1\xe4"), token(b"\xba\xac")])]
     cut = tok.encode("ok ") + [tok.ids[BYTE_CHARS[b]] for b in "東".encode()[:2]]
-    return streams + [("'ok 東' cut after the first two bytes of 東", cut)]
+    return streams + split + [("'ok 東' cut after the first two bytes of 東", cut)]
 
 
 def _shown(tok, ids) -> list:
@@ -40,12 +46,30 @@ def _shown(tok, ids) -> list:
     return shown
 
 
+def _held_whole(tok, ids) -> list:
+    """The slip 'held back longer than needed': a token's text waits until all the bytes so far decode."""
+    shown, pending = [], b""
+    for i in ids:
+        pending += tok.token_bytes(i)
+        try:
+            shown.append(pending.decode("utf-8"))
+            pending = b""
+        except UnicodeDecodeError:
+            shown.append("")
+    if shown and pending:
+        shown[-1] += pending.decode("utf-8", errors="replace")
+    return shown
+
+
 def check_stream_decode(fn) -> None:
     """Test fn(tok, ids) -> one str per id, the text that can be shown once that token has arrived (an unfinished
     character held back until its last byte, every complete one shown at once; joined: tok.decode(ids)), on
     streams of a small byte-level BPE. Raises AssertionError naming the mistake; prints a verdict."""
     tok = _stream_tokenizer()
     streams = _streams(tok)
+    if not any(want[k] and want[:k + 1] != _held_whole(tok, ids)[:k + 1]           # the grader's own check: some
+               for _, ids in streams for want in [_shown(tok, ids)] for k in range(len(ids))):   # token ends in a cut
+        raise RuntimeError("no stream has a token that ends inside a character after complete ones")
     for what, ids in streams:
         got = call_reader(fn, f"my_stream_decode(tok, ids of {what})", tok, list(ids))
         if not isinstance(got, (list, tuple)) or not all(isinstance(s, str) for s in got):
@@ -65,8 +89,15 @@ def check_stream_decode(fn) -> None:
                                  "that is new with each token, so that the strings join to tok.decode(ids)")
         if joined == full:
             k = next(k for k in range(len(ids)) if "".join(got[:k + 1]) != "".join(want[:k + 1]))
+            held = ("text held back longer than needed: a token can end with complete characters and then the first "
+                    "byte of the next; show the complete ones at once and keep only the unfinished bytes"
+                    if got == _held_whole(tok, ids) else "show every character as soon as its last byte has arrived")
             raise AssertionError(f"{what}: after token {k}, {''.join(want[:k + 1])!r} can be shown, but you show "
-                                 f"{''.join(got[:k + 1])!r}: show every character as soon as its last byte has arrived")
+                                 f"{''.join(got[:k + 1])!r}: {held}")
+        if ids and want[-1].endswith("\ufffd") and joined + "\ufffd" == full:
+            raise AssertionError(f"{what}: the stream ends inside a character and your strings join to {joined!r}, "
+                                 f"where tok.decode(ids) is {full!r}: at the end of the stream, flush the bytes still "
+                                 "held back (decode them with errors='replace', which gives '\ufffd')")
         if len(joined) < len(full):
             raise AssertionError(f"{what}: characters are missing: tok.decode(ids) is {full!r}, your strings join to "
                                  f"{joined!r}: do not drop bytes that do not decode alone (errors='ignore'); keep "
@@ -80,12 +111,15 @@ def check_stream_decode(fn) -> None:
 
 
 def _choose(counts, vocab, ties):
-    """The pair to merge: the highest count, ties to the smallest ids ("ids"), or a slip: to the largest ids, or to
-    the alphabetically first strings."""
+    """The pair to merge: the highest count, ties to the smallest ids ("ids"), or a slip: to the largest ids, to the
+    first seen (counts in the order the words and their positions were read), or to the alphabetically first
+    strings."""
     if ties == "ids":
         return max(counts, key=lambda p: (counts[p], -p[0], -p[1]))
     if ties == "largest":
         return max(counts, key=lambda p: (counts[p], p[0], p[1]))
+    if ties == "first":
+        return max(counts, key=counts.get)
     return min(counts, key=lambda p: (-counts[p], vocab[p[0]], vocab[p[1]]))
 
 
@@ -117,7 +151,8 @@ def _bpe_merges(word_counts, num_merges, weighted=True, ties="ids", overlapping=
     return merges
 
 
-_MERGE_CASES = [({"tenet": 3, "net": 4, "ten": 2, "nets": 1}, 4),
+_MERGE_CASES = [({"cd": 2, "ab": 2, "ef": 2}, 1),                # a three-way tie: first seen, smallest, largest ids
+                ({"tenet": 3, "net": 4, "ten": 2, "nets": 1}, 4),
                 ({"abx": 3, "cy": 3, "ab": 2}, 2),
                 ({"aaa": 3, "ab": 5, "ba": 1}, 3),
                 ({"low": 5, "slow": 2, "owl": 1, "glow": 3, "lows": 1}, 5),
@@ -126,6 +161,8 @@ _MERGE_MISTAKES = {
     "counts not weighted: a word seen n times holds each of its pairs n times": {"weighted": False},
     "a tie broken by the strings' alphabetical order: ties go to the smallest ids, and a merged token's id comes "
     "after every character's": {"ties": "strings"},
+    "a tie broken by the order in which pairs were first seen (max over the counts keeps the first it meets): among "
+    "pairs of equal count take the smallest left id, then the smallest right id": {"ties": "first"},
     "a tie broken the other way: among pairs of equal count take the smallest left id, then the smallest right id":
         {"ties": "largest"},
     "an overlapping pair counted once: every position counts, so 'aaa' holds (a, a) twice": {"overlapping": False},

@@ -30,7 +30,7 @@ def check_rope(fn) -> None:
     mistakes = {
         "the pairs are neighbours (2i, 2i+1) here: pair feature i with feature i + d_k/2 (the first half with "
         "the second), as Hugging Face's Llama does": lambda x, offset: turned(x, offset, "neighbours"),
-        "the rotation turns the wrong way: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)":
+        "the rotation turns the wrong way: each pair is turned by -mθ_i instead of +mθ_i":
             lambda x, offset: turned(x, offset, "backwards"),
         "the positions must start at offset (the tokens already cached), not at 0":
             lambda x, offset: RotaryEmbedding(x.size(-1))(x, 0),
@@ -57,15 +57,19 @@ def check_gqa_attention(fn) -> None:
             k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
         s = q @ k.transpose(-2, -1) * (scale or q.size(-1) ** -0.5)
         if causal:
-            s = s.masked_fill(~causal_mask(q.size(-2)).to(q.device), float("-inf"))
+            allowed = causal_mask(q.size(-2)).to(q.device)
+            s = s.masked_fill(~(allowed.T if causal == "transposed" else allowed), float("-inf"))
         return s.softmax(axis).nan_to_num() @ v
 
     def grouped(*shape_of_groups):
         return lambda q, k, v: None if k.size(1) in (1, q.size(1)) else attend(q, k, v, *shape_of_groups)
     mistakes = {
-        "the groups are interleaved: query head i must share K/V head i // (h / h_kv) (consecutive heads form a "
-        "group), not i % h_kv (what .repeat makes; .repeat_interleave repeats each head in place)": grouped("tiled"),
+        "the groups are interleaved: query head i shares K/V head i % h_kv here (what .repeat makes), where "
+        "consecutive query heads must form a group": grouped("tiled"),
         "no causal mask: position i must see only positions 0 .. i": lambda q, k, v: attend(q, k, v, causal=False),
+        "the causal mask is transposed: each position sees itself and the positions after it, not the ones before":
+            lambda q, k, v: attend(q, k, v, causal="transposed"),
+        "the scores are not scaled: attention divides them by sqrt(d_k)": lambda q, k, v: attend(q, k, v, scale=1.0),
         "the scores are scaled by 1/d_k: the scale is 1/sqrt(d_k)": lambda q, k, v: attend(q, k, v, scale=1 / q.size(-1)),
         "the softmax runs over the queries (dim -2): each query's weights over the keys must sum to 1":
             lambda q, k, v: attend(q, k, v, axis=-2),
@@ -97,16 +101,18 @@ def check_online_merge(fn) -> None:
         both = torch.cat([a, b]).double()
         want_m, want_l = both.max(), (both - both.max()).exp().sum()
         if not torch.isfinite(ell):
-            raise AssertionError("l is not finite: an empty block has m = -inf, and exp(-inf - m) must give 0, never "
-                                 "exp(-inf + inf) = nan: take the new maximum first, then rescale each l by exp(m_i - m)")
+            raise AssertionError("l is not finite: an empty block has m = -inf and l = 0, and your arithmetic met "
+                                 "exp(-inf + inf) = nan; an empty block must contribute nothing")
         if abs(m - want_m) > 1e-5:
             raise AssertionError(f"m must be the larger of the two maxima ({want_m.item():.4f}), got {m.item():.4f}")
         if abs(ell - want_l) <= 1e-4 * want_l:
             continue
         if abs(ell - (l1 + l2)) <= 1e-4 * want_l:
-            raise AssertionError("each l was summed against its own maximum: rescale l_i by exp(m_i - m) before adding")
+            raise AssertionError("each l was summed against its own maximum: the two sums are on different scales "
+                                 "until both refer to the common maximum")
         if abs(ell - (l1 * (m - m1).exp() + l2 * (m - m2).exp())) <= 1e-4 * abs(ell):
-            raise AssertionError("the rescaling goes the wrong way: multiply l_i by exp(m_i - m) <= 1, not exp(m - m_i)")
+            raise AssertionError("the rescaling goes the wrong way: a block whose maximum is below the common one "
+                                 "must shrink, not grow")
         raise AssertionError(f"l = {ell.item():.4f}, expected {want_l.item():.4f}")
     print(f"check_online_merge: correct on {len(blocks)} pairs of blocks, one of them empty")
 
@@ -147,12 +153,14 @@ def check_lora_from_update(fn) -> None:
         return weight
 
     mistakes = {
-        "the scale is not undone: the layer multiplies B A by alpha / rank, so B A must be (rank / alpha) times "
-        "the update's best rank-r part": lambda W, Wt, r, a: None if a == r else W + (a / r) * best(Wt - W, r),
+        "the scale is not undone: the layer multiplies B A by alpha / rank, and your factors do not compensate":
+            lambda W, Wt, r, a: None if a == r else W + (a / r) * best(Wt - W, r),
+        "the scale is undone the wrong way round: your B A carries the factor the layer applies, alpha / rank, so "
+        "the layer applies it twice": lambda W, Wt, r, a: None if a == r else W + (a / r) ** 2 * best(Wt - W, r),
         "the SVD of W_tuned itself: the adapter learns the update W_tuned - W": lambda W, Wt, r, a: W + best(Wt, r),
         "the r smallest singular values were kept: keep the r largest": lambda W, Wt, r, a: W + best(Wt - W, r,
                                                                                                      "smallest"),
-        "the singular values were dropped: B A must be U_r diag(S_r) V_r^T, not U_r V_r^T":
+        "the singular values were dropped: B A holds the right directions with every weight 1":
             lambda W, Wt, r, a: W + torch.linalg.svd(Wt - W)[0][:, :r] @ torch.linalg.svd(Wt - W)[2][:r],
     }
     cases = {f"out {o}, in {i}, rank {r}, alpha {a:g}": case(o, i, r, a)
