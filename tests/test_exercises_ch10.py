@@ -1,19 +1,22 @@
 """Chapter 10's graders (transformer_lib.exercises.classifier): the reference answers pass, float32 answers pass,
 and typical mistakes are caught with a message that names them."""
 
+import math
+
 import torch
 import torch.nn as nn
 from helpers import grader_row
 
 from transformer_lib.classifier import pool
 from transformer_lib.exercises.classifier import (
-    check_classifier_positions,
+    check_attention_pooling,
     check_cls_at_end,
+    check_context_free_loss,
     check_few_labels,
     check_pooling,
 )
 
-# --- exercise 1: masked pooling
+# --- the pooling grader (python -m transformer_lib.check runs it on a reader's own `pool`)
 
 
 def pooling(hidden, keep, method):
@@ -123,92 +126,152 @@ def seed_ignored(X, y, k, seed):
     return X[rows], y[rows]
 
 
-# --- exercise 4: learned positions
+# --- exercise 1: attention pooling with a learned query
 
 
-class LearnedPositions(nn.Module):
-    def __init__(self, d_model, max_len, dropout=0.0):
+class AttentionPool(nn.Module):
+    def __init__(self, d_model):
         super().__init__()
-        self.max_len = max_len
-        self.table = nn.Embedding(max_len, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.query = nn.Parameter(torch.zeros(d_model))
 
-    def forward(self, x):
-        S = x.size(1)
-        if S > self.max_len:
-            raise ValueError(f"a sequence of {S} positions is longer than max_len={self.max_len}")
-        return self.dropout(x + self.table(torch.arange(S, device=x.device)))
+    def weights(self, hidden, keep):
+        scores = hidden @ self.query / hidden.size(-1) ** 0.5
+        return scores.masked_fill(~keep, float("-inf")).softmax(-1).nan_to_num(0.0)
 
-
-class ZeroInitPositions(LearnedPositions):                  # GPT-2-like, but starting from zeros: still right
-    def __init__(self, d_model, max_len):
-        super().__init__(d_model, max_len)
-        nn.init.zeros_(self.table.weight)
+    def forward(self, hidden, keep):
+        return (self.weights(hidden, keep)[..., None] * hidden).sum(1)
 
 
-class Float64Positions(LearnedPositions):                  # works in float64 inside, returns x's dtype
-    def forward(self, x):
-        return super().forward(x.double()).to(x.dtype)
+class Float32Pool(AttentionPool):                          # computes in float32 whatever it is given
+    def forward(self, hidden, keep):
+        return super().forward(hidden.float(), keep) if self.query.dtype == torch.float32 else \
+            (_ for _ in ()).throw(TypeError("float32 only"))
 
 
-class FixedTable(LearnedPositions):
-    def __init__(self, d_model, max_len):
-        super().__init__(d_model, max_len)
-        del self.table
-        self.register_buffer("table_", torch.randn(max_len, d_model))
-
-    def table(self, positions):
-        return self.table_[positions]
+class EinsumPool(AttentionPool):                           # another correct way to write it
+    def forward(self, hidden, keep):
+        scores = torch.einsum("bsd,d->bs", hidden, self.query) / hidden.size(-1) ** 0.5
+        scores = torch.where(keep, scores, torch.finfo(scores.dtype).min)
+        weights = scores.softmax(-1) * keep.any(1, keepdim=True)
+        return torch.einsum("bs,bsd->bd", weights, hidden)
 
 
-class OneRowForAll(LearnedPositions):
-    def forward(self, x):
-        return x + self.table(torch.zeros(x.size(1), dtype=torch.long))
+class UnmaskedPool(AttentionPool):
+    def forward(self, hidden, keep):
+        return (self.weights(hidden, torch.ones_like(keep))[..., None] * hidden).sum(1)
 
 
-class Multiplied(LearnedPositions):
-    def forward(self, x):
-        return x * self.table(torch.arange(x.size(1)))
+class ZeroScorePool(AttentionPool):
+    def forward(self, hidden, keep):
+        scores = (hidden @ self.query / hidden.size(-1) ** 0.5).masked_fill(~keep, 0.0)
+        return (scores.softmax(-1)[..., None] * hidden).sum(1)
 
 
-class Concatenated(LearnedPositions):
-    def forward(self, x):
-        return torch.cat([x, self.table(torch.arange(x.size(1))).expand(x.size(0), -1, -1)], dim=-1)
+class MaskAfterSoftmax(AttentionPool):
+    def forward(self, hidden, keep):
+        weights = (hidden @ self.query / hidden.size(-1) ** 0.5).softmax(-1) * keep
+        return (weights[..., None] * hidden).sum(1)
 
 
-class FromTheEnd(LearnedPositions):
-    def forward(self, x):
-        return x + self.table.weight[-x.size(1):]
+class Unscaled(AttentionPool):
+    def forward(self, hidden, keep):
+        scores = (hidden @ self.query).masked_fill(~keep, float("-inf"))
+        return (scores.softmax(-1).nan_to_num(0.0)[..., None] * hidden).sum(1)
 
 
-class BatchAxis(LearnedPositions):
-    def forward(self, x):
-        return x + self.table.weight[:x.size(0)]
+class SoftmaxOverBatch(AttentionPool):
+    def forward(self, hidden, keep):
+        scores = (hidden @ self.query / hidden.size(-1) ** 0.5).masked_fill(~keep, float("-inf"))
+        return (scores.softmax(0).nan_to_num(0.0)[..., None] * hidden).sum(1)
 
 
-class NoLengthCheck(LearnedPositions):
-    def forward(self, x):
-        return x + self.table.weight[:x.size(1)]
+class MeanOfWeighted(AttentionPool):
+    def forward(self, hidden, keep):
+        return (self.weights(hidden, keep)[..., None] * hidden).mean(1)
 
 
-class OffByOneCheck(LearnedPositions):
-    def forward(self, x):
-        if x.size(1) >= self.max_len:
-            raise ValueError(f"longer than max_len={self.max_len}")
-        return super().forward(x)
+class NanForEmpty(AttentionPool):
+    def forward(self, hidden, keep):
+        scores = (hidden @ self.query / hidden.size(-1) ** 0.5).masked_fill(~keep, float("-inf"))
+        return (scores.softmax(-1)[..., None] * hidden).sum(1)
 
 
-class Detached(LearnedPositions):
-    def forward(self, x):
-        return x + self.table.weight.detach()[:x.size(1)] if x.size(1) <= self.max_len else super().forward(x)
+class BufferQuery(nn.Module):
+    def __init__(self, d_model):
+        super().__init__()
+        self.register_buffer("query", torch.zeros(d_model))
+
+    def forward(self, hidden, keep):
+        return AttentionPool.forward(self, hidden, keep)
+
+    weights = AttentionPool.weights
 
 
-def test_learned_positions_leaves_the_global_random_state_alone():
+class DetachedQuery(AttentionPool):
+    def forward(self, hidden, keep):
+        scores = (hidden @ self.query.detach() / hidden.size(-1) ** 0.5).masked_fill(~keep, float("-inf"))
+        return (scores.softmax(-1).nan_to_num(0.0)[..., None] * hidden).sum(1)
+
+
+def test_attention_pooling_leaves_the_global_random_state_alone():
     torch.manual_seed(0)
     want = torch.rand(3)
     torch.manual_seed(0)
-    check_classifier_positions(LearnedPositions)
+    check_attention_pooling(AttentionPool)
     assert torch.equal(torch.rand(3), want)
+
+
+def test_attention_pooling_with_a_zero_query_is_the_masked_mean():
+    hidden, keep = torch.randn(3, 6, 4, dtype=torch.float64), torch.arange(6)[None, :] < torch.tensor([[6], [2], [1]])
+    assert torch.allclose(AttentionPool(4).double()(hidden, keep), pool(hidden, keep, "mean"))
+
+
+# --- exercise 4: the MLM loss of the best prediction that reads no input
+
+
+def context_free_loss(tokens, special_ids):
+    real = tokens[~torch.isin(tokens, torch.tensor(special_ids))]
+    _, counts = real.unique(return_counts=True)
+    p = counts.double() / counts.sum()
+    return -(p * p.log()).sum().item()
+
+
+def context_free_loss32(tokens, special_ids):             # float32 work, returned as a tensor
+    real = tokens[~torch.isin(tokens, torch.tensor(special_ids))]
+    p = torch.bincount(real).float()
+    p = p[p > 0] / p.sum()
+    return -(p * p.log()).sum()
+
+
+def counts_special_tokens(tokens, special_ids):
+    return context_free_loss(tokens, ())
+
+
+def counts_padding(tokens, special_ids):
+    return context_free_loss(tokens, special_ids[1:])
+
+
+def in_bits(tokens, special_ids):
+    return context_free_loss(tokens, special_ids) / math.log(2)
+
+
+def uniform_over_seen(tokens, special_ids):
+    real = tokens[~torch.isin(tokens, torch.tensor(special_ids))]
+    return math.log(len(real.unique()))
+
+
+def per_sequence(tokens, special_ids):
+    return sum(context_free_loss(row[None], special_ids) for row in tokens) / len(tokens)
+
+
+def minus_sign_lost(tokens, special_ids):
+    return -context_free_loss(tokens, special_ids)
+
+
+def test_context_free_loss_on_the_chapters_data_is_below_uniform():
+    from transformer_lib.classifier import VOCAB_SIZE, make_sequences
+    X, _ = make_sequences(200, seed=11)
+    assert context_free_loss(X, (0, 1)) < math.log(VOCAB_SIZE - 3)
 
 
 GRADERS = [
@@ -232,15 +295,23 @@ GRADERS = [
         (global_random_state, "same seed gave different rows"),
         (seed_ignored, "the seed changes nothing"),
     ]),
-    grader_row(check_classifier_positions, correct=[LearnedPositions, ZeroInitPositions, Float64Positions], mistakes=[
-        (FixedTable, "no trainable parameters"),
-        (OneRowForAll, "every position gets row 0"),
-        (Multiplied, "depends on x"),
-        (Concatenated, "concatenated"),
-        (FromTheEnd, r"table\[:n\]"),
-        (BatchAxis, "along axis 1"),
-        (NoLengthCheck, "raise a ValueError"),
-        (OffByOneCheck, "fit the table"),
-        (Detached, "no gradient"),
+    grader_row(check_attention_pooling, correct=[AttentionPool, Float32Pool, EinsumPool], mistakes=[
+        (UnmaskedPool, "padded positions get attention weight"),
+        (ZeroScorePool, "set to 0, not -inf"),
+        (MaskAfterSoftmax, "multiplied by keep after the softmax"),
+        (Unscaled, "not divided by sqrt"),
+        (SoftmaxOverBatch, "batch axis"),
+        (MeanOfWeighted, "the mean of the weighted vectors"),
+        (NanForEmpty, "no real token must pool to zeros"),
+        (BufferQuery, "trained nn.Parameter"),
+        (DetachedQuery, "no gradient reaches your query"),
+    ]),
+    grader_row(check_context_free_loss, correct=[context_free_loss, context_free_loss32], mistakes=[
+        (counts_special_tokens, "special tokens"),
+        (counts_padding, "special tokens"),
+        (in_bits, "bits"),
+        (uniform_over_seen, "uniform guessing among the values that occur"),
+        (per_sequence, "per sequence"),
+        (minus_sign_lost, "sign is wrong"),
     ]),
 ]

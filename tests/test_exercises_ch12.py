@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from helpers import grader_row
 
 from transformer_lib.exercises.t5 import (
+    check_alibi,
     check_gated_ffn,
     check_new_buckets,
     check_overlapping_patches,
@@ -16,7 +17,59 @@ from transformer_lib.exercises.t5 import (
 from transformer_lib.t5 import relative_position_bucket
 from transformer_lib.vit import patchify
 
-# --- exercise 1 (check_buckets) is tested in tests/test_t5.py, beside relative_position_bucket
+# --- check_buckets (python -m transformer_lib.check runs it) is tested in tests/test_t5.py
+
+# --- exercise 1: ALiBi --------------------------------------------------------------------------------------
+
+
+def alibi(num_heads, n_q, n_k):
+    slopes = 2.0 ** (-8.0 * torch.arange(1, num_heads + 1, dtype=torch.float64) / num_heads)
+    i = torch.arange(n_k - n_q, n_k)[:, None]
+    return -slopes[:, None, None] * (i - torch.arange(n_k)[None, :]).abs()
+
+
+def alibi32(num_heads, n_q, n_k):                       # float32, and the slopes as a geometric sequence
+    ratio = 2.0 ** (-8.0 / num_heads)
+    slopes = torch.tensor([ratio ** h for h in range(1, num_heads + 1)], dtype=torch.float32)
+    offsets = torch.arange(n_k, dtype=torch.float32)[None, :] - torch.arange(n_k - n_q, n_k, dtype=torch.float32)[:, None]
+    return -(slopes[:, None, None] * offsets.abs())
+
+
+def slopes_from_zero(num_heads, n_q, n_k):
+    return alibi(num_heads, n_q, n_k) * 2.0 ** (8.0 / num_heads)
+
+
+def slopes_two_to_minus_h(num_heads, n_q, n_k):
+    slopes = 2.0 ** -torch.arange(1, num_heads + 1, dtype=torch.float64)
+    i = torch.arange(n_k - n_q, n_k)[:, None]
+    return -slopes[:, None, None] * (i - torch.arange(n_k)[None, :]).abs()
+
+
+def heads_reversed(num_heads, n_q, n_k):
+    return alibi(num_heads, n_q, n_k).flip(0)
+
+
+def rewards_distance(num_heads, n_q, n_k):
+    return -alibi(num_heads, n_q, n_k)
+
+
+def signed_distance(num_heads, n_q, n_k):
+    slopes = 2.0 ** (-8.0 * torch.arange(1, num_heads + 1, dtype=torch.float64) / num_heads)
+    i = torch.arange(n_k - n_q, n_k)[:, None]
+    return -slopes[:, None, None] * (i - torch.arange(n_k)[None, :])
+
+
+def queries_from_zero(num_heads, n_q, n_k):
+    return alibi(num_heads, n_k, n_k)[:, :n_q]
+
+
+def heads_last(num_heads, n_q, n_k):
+    return alibi(num_heads, n_q, n_k).permute(1, 2, 0)
+
+
+def one_head(num_heads, n_q, n_k):
+    return alibi(num_heads, n_q, n_k)[0]
+
 
 # --- exercise 2: the gated-GELU FFN --------------------------------------------------------------------
 
@@ -162,6 +215,16 @@ def test_overlapping_patches_with_stride_p_are_patchify():
 
 
 GRADERS = [
+    grader_row(check_alibi, correct=[alibi, alibi32], mistakes=[
+        (slopes_from_zero, "start at h = 0"),
+        (slopes_two_to_minus_h, r"2\^\(-h\)"),
+        (heads_reversed, "reverse order"),
+        (rewards_distance, "rewards distance"),
+        (signed_distance, "has a sign"),
+        (queries_from_zero, "queries start at position 0"),
+        (heads_last, "heads are on the last axis"),
+        (one_head, "one head's bias for all"),
+    ]),
     grader_row(check_gated_ffn, correct=[Gated, Gated(16, 24).float(), Gated(8, 12, dropout=0.1)], mistakes=[
         (GeluOnTheWrongBranch, "GELU on the wrong branch"),
         (ExactGelu, "tanh approximation"),

@@ -39,14 +39,17 @@ def run_script(name, tmp_path, *args):
     return json.loads(out.read_text())
 
 
-def check_t5(result, seeds, steps):
+def check_t5(result, seeds, steps, batch=32):
     runs = result["runs"]
     assert result["seeds"] == seeds and result["steps"] == steps
     tasks = ("en-de", "de-en", "en-num")
-    expected = {(kind, task, seed) for kind in ("multi-task", "single-task") for task in tasks for seed in seeds}
+    kinds = ("multi-task", "single-task", "single-task, equal updates")
+    assert result["kinds"] == list(kinds)
+    expected = {(kind, task, seed) for kind in kinds for task in tasks for seed in seeds}
     assert {(r["model"], r["task"], r["seed"]) for r in runs} == expected and len(runs) == len(expected)
-    for r in runs:
-        assert r["steps"] == (steps if r["model"] == "multi-task" else steps // 3)    # the same total compute
+    for r in runs:                                       # the same total compute; the same updates in the third
+        assert (r["steps"], r["batch"]) == {"multi-task": (steps, batch), "single-task": (steps // 3, batch),
+                                            "single-task, equal updates": (steps, round(batch / 3))}[r["model"]]
         assert 0.0 <= r["exact"] <= 1.0
 
 
@@ -108,7 +111,7 @@ def test_ablation_refuses_a_tokenizer_draw_out_of_range(bad, capsys):
 
 
 def test_t5_tasks_runs(tmp_path):
-    check_t5(run_script("t5_tasks", tmp_path, "--seeds", "3", "--steps", "6", "--batch", "4"), [3], 6)
+    check_t5(run_script("t5_tasks", tmp_path, "--seeds", "3", "--steps", "6", "--batch", "4"), [3], 6, batch=4)
 
 
 def test_vit_seeds_runs(tmp_path):
@@ -146,7 +149,7 @@ def test_committed_results_match_the_scripts_defaults(name):
     assert len(args["seeds"]) >= 3, "a comparison over seeds needs at least three"
     if name == "t5_tasks":
         assert (result["batch"], result["lr"]) == (args["batch"], args["lr"])
-        check_t5(result, args["seeds"], args["steps"])
+        check_t5(result, args["seeds"], args["steps"], args["batch"])
     elif name == "ablation":
         assert result["test_size"] == args["test_size"] == 500       # every held-out number scored
         assert args["tokenizer_numbers"] == 64_000                    # the chapter's tokenizer, from all its numbers
