@@ -57,6 +57,24 @@ def forgot_biases(c):
     return my_parameter_count(c) - (Ne + 2 * Nd) * 4 * d - (Ne + Nd) * (c.d_ff + d)
 
 
+def built_and_counted(c):                                 # the shortcut the exercise forbids
+    with torch.device("meta"):
+        return sum(p.numel() for p in Transformer(c).parameters())
+
+
+def built_quietly(c):                                      # the refusal caught: refused all the same
+    try:
+        return built_and_counted(c)
+    except Exception:
+        return 0
+
+
+def test_a_refused_build_leaves_nn_module_working():
+    with pytest.raises(AssertionError, match="without building the model"):
+        check_parameter_count(built_quietly)
+    assert sum(p.numel() for p in torch.nn.Linear(3, 2).parameters()) == 8
+
+
 def forgot_cross_attention(c):
     d = c.d_model
     return my_parameter_count(c) - c.num_decoder_layers * (4 * d * d + 4 * d + 2 * d)
@@ -190,6 +208,8 @@ GRADERS = [
         (forgot_biases, "biases"),
         (forgot_cross_attention, "cross-attention"),
         (lambda c: float(my_parameter_count(c)), "expected an int"),
+        (built_and_counted, "builds a Transformer.*without building the model"),
+        (lambda c: my_parameter_count(c) + 0 * torch.nn.Linear(1, 1).weight.numel(), "builds a Linear"),
     ], prints='check_parameter_count: exact'),
     grader_row(check_prefix_lm_mask, correct=[prefix_lm_mask, lambda *a: prefix_lm_mask(*a).clone()], mistakes=[
         (prefix_causal_only, "causal in the prefix too"),
@@ -216,6 +236,7 @@ GRADERS = [
         (forbidden_convention, "inverted"),
         (sees_two_ahead, "position 0 sees position 2: your mask leaks the token 2 positions ahead"),
         (float_mask, "must be bool"),
+        (lambda T: torch.ones(T, T, dtype=torch.bool).triu()[None, None], "your mask is transposed"),
         (lambda T: fixed_future_mask(T)[0], "expected"),
     ], prints='check_future_mask: correct'),
 ]

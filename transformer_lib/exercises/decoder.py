@@ -55,9 +55,32 @@ def check_tgt_mask(fn, trials: int = 30) -> None:
     print(f"check_tgt_mask: correct on {trials} random batches (right and left padding)")
 
 # %% ../../chapters/07_decoder.ipynb #c045
+def _call_without_modules(fn, config):
+    """fn(config), refusing to build any nn.Module during the call (Transformer(config), or any layer of it, would
+    count the parameters for the reader): nn.Module.__init__ is replaced for the call only."""
+    built, original = [], torch.nn.Module.__init__
+
+    def refuse(self, *args, **kwargs):
+        built.append(type(self).__name__)
+        raise Verdict(f"you built a {type(self).__name__}")
+    torch.nn.Module.__init__ = refuse
+    try:
+        return fn(config)
+    except Verdict:
+        if not built:
+            raise
+    finally:
+        torch.nn.Module.__init__ = original                       # the real constructor again
+        if built:                                                 # also when fn caught the refusal itself
+            raise Verdict(f"your function builds a {built[0]} (an nn.Module) to count its parameters: the exercise "
+                          f"asks for the count from the fields of config alone, without building the model or "
+                          f"any of its layers")
+
+
 def check_parameter_count(fn, trials: int = 16) -> None:
     """Test fn(config) -> int against the parameters of Transformer(config), on random configurations (tied
-    and untied, with and without final norms, different stack depths). Raises AssertionError naming the gap."""
+    and untied, with and without final norms, different stack depths); building any nn.Module during the call
+    (Transformer(config) itself, or a layer) is refused. Raises AssertionError naming the gap."""
     gen = torch.Generator().manual_seed(0)
 
     def rand(lo, hi):
@@ -71,7 +94,7 @@ def check_parameter_count(fn, trials: int = 16) -> None:
                               tie_embeddings=tie, final_norm=trial % 4 < 2)
         with torch.device("meta"):
             expected = sum(p.numel() for p in Transformer(c).parameters())
-        got = fn(c)
+        got = _call_without_modules(fn, c)
         if isinstance(got, torch.Tensor) and got.numel() == 1:
             got = got.item()
         if not isinstance(got, int) or isinstance(got, bool):
@@ -124,6 +147,10 @@ def check_future_mask(fn) -> None:
         if T > 1 and torch.equal(got, ~want):
             raise AssertionError(f"T={T}: your mask is inverted, True must mean 'may attend' (nn.Transformer's "
                                  f"masks use True = forbidden)")
+        if T > 1 and torch.equal(got, want.T):
+            raise AssertionError(f"T={T}: your mask is transposed: it lets every position see itself and its "
+                                 f"future, never its past. Rows are queries i, columns keys j: keep j <= i, the "
+                                 f"lower triangle (tril), not the upper one (triu)")
         leak = got & ~want                                                  # keys after their query
         if leak.any():
             ii, jj = leak.nonzero().T                                       # report the farthest leak
