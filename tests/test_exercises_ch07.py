@@ -115,30 +115,60 @@ def prefix_pads_visible(tokens, prefix_len, pad_id):
     return (torch.ones(T, T, dtype=torch.bool).tril() | in_prefix[:, None, :])[:, None]
 
 
-# --- exercise 3: two-way tying
+# --- exercise 3: two-way tying, from an untied checkpoint
 
-def two_way_tied(config):
+def two_way_tied(state_dict, config):
+    model = Transformer(config)
+    model.load_state_dict(state_dict)
+    model.generator.weight = model.tgt_embed.embedding.weight
+    return model
+
+
+def tied_then_loaded(state_dict, config):                  # load_state_dict writes the generator's values last
+    model = Transformer(config)
+    model.generator.weight = model.tgt_embed.embedding.weight
+    model.load_state_dict(state_dict)
+    return model
+
+
+def tied_the_other_way(state_dict, config):                # the shared matrix keeps the generator's values
+    model = Transformer(config)
+    model.load_state_dict(state_dict)
+    model.tgt_embed.embedding.weight = model.generator.weight
+    return model
+
+
+def not_loaded(state_dict, config):
     model = Transformer(config)
     model.generator.weight = model.tgt_embed.embedding.weight
     return model
 
 
-def copied_values(config):
+def target_side_only(state_dict, config):                  # the rest of the checkpoint left out
     model = Transformer(config)
+    model.tgt_embed.embedding.weight.data.copy_(state_dict["tgt_embed.embedding.weight"])
+    model.generator.weight = model.tgt_embed.embedding.weight
+    return model
+
+
+def copied_values(state_dict, config):
+    model = Transformer(config)
+    model.load_state_dict(state_dict)
     with torch.no_grad():
         model.generator.weight.copy_(model.tgt_embed.weight)
     return model
 
 
-def three_way(config):                                     # possible only for vocabularies of one size
-    model = two_way_tied(config)
+def three_way(state_dict, config):                         # possible only for vocabularies of one size
+    model = two_way_tied(state_dict, config)
     if config.src_vocab_size == config.tgt_vocab_size:
         model.src_embed.embedding.weight = model.tgt_embed.embedding.weight
     return model
 
 
-def tied_to_source(config):
+def tied_to_source(state_dict, config):
     model = Transformer(config)
+    model.load_state_dict(state_dict)
     if config.src_vocab_size == config.tgt_vocab_size:
         model.generator.weight = model.src_embed.embedding.weight
     else:
@@ -146,8 +176,9 @@ def tied_to_source(config):
     return model
 
 
-def embeddings_tied(config):                               # source = target embedding, the generator apart
+def embeddings_tied(state_dict, config):                   # source = target embedding, the generator apart
     model = Transformer(config)
+    model.load_state_dict(state_dict)
     if config.src_vocab_size == config.tgt_vocab_size:
         model.src_embed.embedding.weight = model.tgt_embed.embedding.weight
     else:
@@ -227,8 +258,12 @@ GRADERS = [
         (three_way, "all three matrices are one"),
         (tied_to_source, "SOURCE embedding"),
         (embeddings_tied, "source and target embeddings are one matrix"),
-        (lambda c: Transformer(TransformerConfig(c.src_vocab_size, c.src_vocab_size)), "nothing is shared|parameters"),
-        (lambda c: "a model", "must return this book's Transformer"),
+        (tied_then_loaded, "holds the checkpoint's generator.weight.*tied before load_state_dict"),
+        (tied_the_other_way, "holds the checkpoint's generator.weight"),
+        (not_loaded, "was the checkpoint loaded"),
+        (target_side_only, "is not the checkpoint's: load every weight"),
+        (lambda sd, c: Transformer(TransformerConfig(c.src_vocab_size, c.src_vocab_size)), "nothing is shared|parameters"),
+        (lambda sd, c: "a model", "must return this book's Transformer"),
     ], prints="check_two_way_tying: the generator shares"),
     grader_row(check_future_mask, correct=[fixed_future_mask, lambda T: torch.ones(T, T, dtype=torch.bool).tril()], mistakes=[
         (sees_the_next_token, "position 0 sees position 1: your mask leaks the next token"),
