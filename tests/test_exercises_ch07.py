@@ -57,6 +57,24 @@ def forgot_biases(c):
     return my_parameter_count(c) - (Ne + 2 * Nd) * 4 * d - (Ne + Nd) * (c.d_ff + d)
 
 
+def built_and_counted(c):                                 # the shortcut the exercise forbids
+    with torch.device("meta"):
+        return sum(p.numel() for p in Transformer(c).parameters())
+
+
+def built_quietly(c):                                      # the refusal caught: refused all the same
+    try:
+        return built_and_counted(c)
+    except Exception:
+        return 0
+
+
+def test_a_refused_build_leaves_nn_module_working():
+    with pytest.raises(AssertionError, match="without building the model"):
+        check_parameter_count(built_quietly)
+    assert sum(p.numel() for p in torch.nn.Linear(3, 2).parameters()) == 8
+
+
 def forgot_cross_attention(c):
     d = c.d_model
     return my_parameter_count(c) - c.num_decoder_layers * (4 * d * d + 4 * d + 2 * d)
@@ -97,30 +115,60 @@ def prefix_pads_visible(tokens, prefix_len, pad_id):
     return (torch.ones(T, T, dtype=torch.bool).tril() | in_prefix[:, None, :])[:, None]
 
 
-# --- exercise 3: two-way tying
+# --- exercise 3: two-way tying, from an untied checkpoint
 
-def two_way_tied(config):
+def two_way_tied(state_dict, config):
+    model = Transformer(config)
+    model.load_state_dict(state_dict)
+    model.generator.weight = model.tgt_embed.embedding.weight
+    return model
+
+
+def tied_then_loaded(state_dict, config):                  # load_state_dict writes the generator's values last
+    model = Transformer(config)
+    model.generator.weight = model.tgt_embed.embedding.weight
+    model.load_state_dict(state_dict)
+    return model
+
+
+def tied_the_other_way(state_dict, config):                # the shared matrix keeps the generator's values
+    model = Transformer(config)
+    model.load_state_dict(state_dict)
+    model.tgt_embed.embedding.weight = model.generator.weight
+    return model
+
+
+def not_loaded(state_dict, config):
     model = Transformer(config)
     model.generator.weight = model.tgt_embed.embedding.weight
     return model
 
 
-def copied_values(config):
+def target_side_only(state_dict, config):                  # the rest of the checkpoint left out
     model = Transformer(config)
+    model.tgt_embed.embedding.weight.data.copy_(state_dict["tgt_embed.embedding.weight"])
+    model.generator.weight = model.tgt_embed.embedding.weight
+    return model
+
+
+def copied_values(state_dict, config):
+    model = Transformer(config)
+    model.load_state_dict(state_dict)
     with torch.no_grad():
         model.generator.weight.copy_(model.tgt_embed.weight)
     return model
 
 
-def three_way(config):                                     # possible only for vocabularies of one size
-    model = two_way_tied(config)
+def three_way(state_dict, config):                         # possible only for vocabularies of one size
+    model = two_way_tied(state_dict, config)
     if config.src_vocab_size == config.tgt_vocab_size:
         model.src_embed.embedding.weight = model.tgt_embed.embedding.weight
     return model
 
 
-def tied_to_source(config):
+def tied_to_source(state_dict, config):
     model = Transformer(config)
+    model.load_state_dict(state_dict)
     if config.src_vocab_size == config.tgt_vocab_size:
         model.generator.weight = model.src_embed.embedding.weight
     else:
@@ -128,8 +176,9 @@ def tied_to_source(config):
     return model
 
 
-def embeddings_tied(config):                               # source = target embedding, the generator apart
+def embeddings_tied(state_dict, config):                   # source = target embedding, the generator apart
     model = Transformer(config)
+    model.load_state_dict(state_dict)
     if config.src_vocab_size == config.tgt_vocab_size:
         model.src_embed.embedding.weight = model.tgt_embed.embedding.weight
     else:
@@ -190,6 +239,8 @@ GRADERS = [
         (forgot_biases, "biases"),
         (forgot_cross_attention, "cross-attention"),
         (lambda c: float(my_parameter_count(c)), "expected an int"),
+        (built_and_counted, "builds a Transformer.*without building the model"),
+        (lambda c: my_parameter_count(c) + 0 * torch.nn.Linear(1, 1).weight.numel(), "builds a Linear"),
     ], prints='check_parameter_count: exact'),
     grader_row(check_prefix_lm_mask, correct=[prefix_lm_mask, lambda *a: prefix_lm_mask(*a).clone()], mistakes=[
         (prefix_causal_only, "causal in the prefix too"),
@@ -207,8 +258,12 @@ GRADERS = [
         (three_way, "all three matrices are one"),
         (tied_to_source, "SOURCE embedding"),
         (embeddings_tied, "source and target embeddings are one matrix"),
-        (lambda c: Transformer(TransformerConfig(c.src_vocab_size, c.src_vocab_size)), "nothing is shared|parameters"),
-        (lambda c: "a model", "must return this book's Transformer"),
+        (tied_then_loaded, "holds the checkpoint's generator.weight.*tied before load_state_dict"),
+        (tied_the_other_way, "holds the checkpoint's generator.weight"),
+        (not_loaded, "was the checkpoint loaded"),
+        (target_side_only, "is not the checkpoint's: load every weight"),
+        (lambda sd, c: Transformer(TransformerConfig(c.src_vocab_size, c.src_vocab_size)), "nothing is shared|parameters"),
+        (lambda sd, c: "a model", "must return this book's Transformer"),
     ], prints="check_two_way_tying: the generator shares"),
     grader_row(check_future_mask, correct=[fixed_future_mask, lambda T: torch.ones(T, T, dtype=torch.bool).tril()], mistakes=[
         (sees_the_next_token, "position 0 sees position 1: your mask leaks the next token"),
@@ -216,6 +271,7 @@ GRADERS = [
         (forbidden_convention, "inverted"),
         (sees_two_ahead, "position 0 sees position 2: your mask leaks the token 2 positions ahead"),
         (float_mask, "must be bool"),
+        (lambda T: torch.ones(T, T, dtype=torch.bool).triu()[None, None], "your mask is transposed"),
         (lambda T: fixed_future_mask(T)[0], "expected"),
     ], prints='check_future_mask: correct'),
 ]

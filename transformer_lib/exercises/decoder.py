@@ -55,9 +55,32 @@ def check_tgt_mask(fn, trials: int = 30) -> None:
     print(f"check_tgt_mask: correct on {trials} random batches (right and left padding)")
 
 # %% ../../chapters/07_decoder.ipynb #c045
+def _call_without_modules(fn, config):
+    """fn(config), refusing to build any nn.Module during the call (Transformer(config), or any layer of it, would
+    count the parameters for the reader): nn.Module.__init__ is replaced for the call only."""
+    built, original = [], torch.nn.Module.__init__
+
+    def refuse(self, *args, **kwargs):
+        built.append(type(self).__name__)
+        raise Verdict(f"you built a {type(self).__name__}")
+    torch.nn.Module.__init__ = refuse
+    try:
+        return fn(config)
+    except Verdict:
+        if not built:
+            raise
+    finally:
+        torch.nn.Module.__init__ = original                       # the real constructor again
+        if built:                                                 # also when fn caught the refusal itself
+            raise Verdict(f"your function builds a {built[0]} (an nn.Module) to count its parameters: the exercise "
+                          f"asks for the count from the fields of config alone, without building the model or "
+                          f"any of its layers")
+
+
 def check_parameter_count(fn, trials: int = 16) -> None:
     """Test fn(config) -> int against the parameters of Transformer(config), on random configurations (tied
-    and untied, with and without final norms, different stack depths). Raises AssertionError naming the gap."""
+    and untied, with and without final norms, different stack depths); building any nn.Module during the call
+    (Transformer(config) itself, or a layer) is refused. Raises AssertionError naming the gap."""
     gen = torch.Generator().manual_seed(0)
 
     def rand(lo, hi):
@@ -71,7 +94,7 @@ def check_parameter_count(fn, trials: int = 16) -> None:
                               tie_embeddings=tie, final_norm=trial % 4 < 2)
         with torch.device("meta"):
             expected = sum(p.numel() for p in Transformer(c).parameters())
-        got = fn(c)
+        got = _call_without_modules(fn, c)
         if isinstance(got, torch.Tensor) and got.numel() == 1:
             got = got.item()
         if not isinstance(got, int) or isinstance(got, bool):
@@ -124,6 +147,10 @@ def check_future_mask(fn) -> None:
         if T > 1 and torch.equal(got, ~want):
             raise AssertionError(f"T={T}: your mask is inverted, True must mean 'may attend' (nn.Transformer's "
                                  f"masks use True = forbidden)")
+        if T > 1 and torch.equal(got, want.T):
+            raise AssertionError(f"T={T}: your mask is transposed: it lets every position see itself and its "
+                                 f"future, never its past. Rows are queries i, columns keys j: keep j <= i, the "
+                                 f"lower triangle (tril), not the upper one (triu)")
         leak = got & ~want                                                  # keys after their query
         if leak.any():
             ii, jj = leak.nonzero().T                                       # report the farthest leak
@@ -225,26 +252,32 @@ def _parameter_count(model) -> int:
 
 
 def check_two_way_tying(fn) -> None:
-    """Test fn(config) -> a Transformer built from config (tie_embeddings=False) whose generator shares the target
-    embedding's matrix (one nn.Parameter) while the source embedding keeps its own: two-way tying. Counts its
-    parameters against the untied model's minus one (V_tgt, d_model) matrix, then checks what is shared and that
-    the logits are the decoder's output times the target embedding matrix. Names the mistake (a copy instead of a
-    shared matrix, three-way tying, the source embedding tied instead); prints a verdict."""
+    """Test fn(state_dict, config) -> a Transformer(config) (config.tie_embeddings=False) loaded from state_dict, an
+    untied model's checkpoint, whose generator shares the target embedding's matrix (one nn.Parameter) while the
+    source embedding keeps its own: two-way tying. The shared matrix must hold the checkpoint's target embedding
+    (its generator matrix is dropped), every other weight the checkpoint's. Counts the parameters against the
+    untied model's minus one (V_tgt, d_model) matrix, checks what is shared and what was loaded, and that the
+    logits are the decoder's output times the target embedding matrix. Names the mistake (a copy instead of a
+    shared matrix, three-way tying, the source embedding tied instead, the generator's values in the shared
+    matrix: tied before loading, or tied the other way); prints a verdict."""
     small = dict(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=2, dropout=0.0,
                  tie_embeddings=False)
     configs = {"separate vocabularies (50 source, 70 target tokens)": TransformerConfig(50, 70, **small),
                "vocabularies of one size (60 tokens each)": TransformerConfig(60, 60, **small),
                "60 and 40 tokens, no final norms": TransformerConfig(60, 40, final_norm=False, **small)}
 
-    def untied(config):
+    def untied(config, *_):
         with torch.device("meta"):                                 # shapes only
             return _parameter_count(Transformer(config))
-    for where, config in configs.items():
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            model = call_reader(fn, f"{where}: fn(config)", config)
+    for n, (where, config) in enumerate(configs.items()):
+        with torch.random.fork_rng(devices=[]):                    # a "trained" untied checkpoint
+            torch.manual_seed(100 + n)
+            checkpoint = {k: v.clone() for k, v in Transformer(config).state_dict().items()}
+            model = call_reader(fn, f"{where}: fn(state_dict, config)",
+                                {k: v.clone() for k, v in checkpoint.items()}, config)
         if not isinstance(model, Transformer):
-            raise AssertionError(f"{where}: fn(config) must return this book's Transformer, got {describe(model)}")
+            raise AssertionError(f"{where}: fn(state_dict, config) must return this book's Transformer, got "
+                                 f"{describe(model)}")
         V_src, V_tgt, d = config.src_vocab_size, config.tgt_vocab_size, config.d_model
         mistakes = {
             "nothing is shared: your generator has a matrix of its own. Equal values copied in (or a second "
@@ -252,7 +285,7 @@ def check_two_way_tying(fn) -> None:
             "target embedding's nn.Parameter itself": untied,
             "all three matrices are one: with tying of the source embedding as well, this is the paper's three-way "
             "tying; the source embedding must keep its own matrix":
-                lambda c, V_src=V_src, V_tgt=V_tgt, d=d: None if V_src != V_tgt else untied(c) - 2 * V_tgt * d,
+                lambda c, *_, V_src=V_src, V_tgt=V_tgt, d=d: None if V_src != V_tgt else untied(c) - 2 * V_tgt * d,
         }
         grade(lambda c, model=model: _parameter_count(model), lambda c, n=V_tgt * d: untied(c) - n, {where: (config,)},
               mistakes,
@@ -266,6 +299,20 @@ def check_two_way_tying(fn) -> None:
                                  f"the target embedding with the generator and leaves the source embedding alone")
         if generator is not tgt:
             raise AssertionError(f"{where}: your generator's weight is not the target embedding's nn.Parameter")
+        shared = tgt.detach().cpu().double()
+        if torch.equal(shared, checkpoint["generator.weight"].double()):
+            raise AssertionError(
+                f"{where}: your shared matrix holds the checkpoint's generator.weight, not its "
+                f"tgt_embed.embedding.weight. Either the model was tied before load_state_dict, which then wrote "
+                f"both keys into the one matrix, the generator's last (silently, without an error), or the "
+                f"embedding was tied to the generator's Parameter instead of the other way round")
+        if not torch.equal(shared, checkpoint["tgt_embed.embedding.weight"].double()):
+            raise AssertionError(f"{where}: your shared matrix is not the checkpoint's tgt_embed.embedding.weight "
+                                 f"(was the checkpoint loaded?)")
+        for key, value in model.state_dict().items():
+            if key != "generator.weight" and not torch.equal(value.detach().cpu().double(), checkpoint[key].double()):
+                raise AssertionError(f"{where}: your model's {key} is not the checkpoint's: load every weight of "
+                                     f"the state_dict")
         g = torch.Generator().manual_seed(1)
         source, target = torch.randint(1, V_src, (2, 5), generator=g), torch.randint(1, V_tgt, (2, 4), generator=g)
         model = model.eval()
@@ -275,5 +322,5 @@ def check_two_way_tying(fn) -> None:
         if not close_to(logits, hidden @ tgt.T):
             raise AssertionError(f"{where}: your logits are not the decoder's output times the target embedding "
                                  f"matrix (transposed)")
-    print(f"check_two_way_tying: the generator shares the target embedding's matrix and the source keeps its own "
-          f"({len(configs)} configurations, counted and run)")
+    print(f"check_two_way_tying: the generator shares the target embedding's matrix, loaded from the checkpoint's "
+          f"target embedding, and the source keeps its own ({len(configs)} configurations, counted, loaded and run)")

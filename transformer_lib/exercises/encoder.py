@@ -99,8 +99,13 @@ def check_left_pad_positions(fn) -> None:
         real = torch.arange(n) < lengths[:, None]                           # rows 0, 2: right padding
         real[1::2] = real[1::2].flip(1)                                     # rows 1, 3: left padding
         tokens[~real] = pad_id
-        start = (~real).long().argmin(1)                                    # (B,) index of the first real token
-        expected = torch.arange(n) - start[:, None]                         # (B, n), valid on real tokens
+        start, expected = [], torch.full((B, n), -1)                        # -1: padded slots, any value
+        for b, row in enumerate(real.tolist()):                             # row by row, token by token
+            first = row.index(True)                                         # the sentence's first real token
+            start.append(first)
+            for k, is_real in enumerate(row):
+                if is_real:
+                    expected[b, k] = k - first
         got = fn(tokens.clone(), pad_id)
         where = f"tokens {tokens.tolist()}, pad_id={pad_id}"
         if not isinstance(got, torch.Tensor):
@@ -115,7 +120,7 @@ def check_left_pad_positions(fn) -> None:
         if torch.equal(got[real], expected[real]):                         # padded slots: any value
             continue
         b = int(((got != expected) & real).any(1).float().argmax())        # the first sentence that is wrong
-        first, row = int(start[b]), got[b][real[b]].tolist()
+        first, row = start[b], got[b][real[b]].tolist()
         if torch.equal(got[real], expected[real] + 1):
             raise AssertionError(f"{where}: the real tokens of sentence {b} get positions {row}: they start at "
                                  f"1, not 0 (a running count of real tokens needs - 1)")
@@ -327,6 +332,8 @@ def check_reach(fn) -> None:
     mistakes = {   # the wrong reaches are computed from autograd's (other r or L), not from a formula
         "that is one layer's reach, |i - j| <= r: the next layer's attention reads outputs that have already mixed "
         "in their own neighbours": lambda S, r, L: _reach_by_autograd(S, r, 1),
+        "your reach is one layer short: all L layers attend, the first one included, so count L steps of r":
+            lambda S, r, L: None if L < 2 else _reach_by_autograd(S, r, L - 1),
         "your reach stops one position short: the farthest inputs your layers can carry reach output i too":
             one_short,
         "your reach is one layer too far: the embeddings and positional encodings mix no positions, only the L "
@@ -336,8 +343,9 @@ def check_reach(fn) -> None:
         "your reach looks only backwards (j <= i): restricted self-attention in an encoder sees keys on each side":
             lambda S, r, L: _reach_by_autograd(S, r, L).tril(),
     }
+    # the first case tells the usual slips apart (each gives another reach there); the others test the edges
     cases = {f"S={S}, r={r}, L={L}": (S, r, L) for S, r, L in
-             ((8, 1, 1), (10, 1, 3), (12, 2, 2), (16, 2, 3), (9, 3, 4), (6, 0, 3))}
+             ((26, 3, 4), (12, 2, 2), (8, 1, 1), (10, 1, 3), (16, 2, 3), (9, 3, 4), (6, 0, 3))}
     grade(answer, lambda S, r, L: _reach_by_autograd(S, r, L), cases, mistakes, name="your reach",
           against="autograd's", shape="(S, S) = ")
     print(f"check_reach: right in all {len(cases)} cases (checked against autograd on a real Encoder)")
