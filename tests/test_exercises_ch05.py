@@ -186,7 +186,7 @@ def test_he_init_leaves_the_global_random_state_alone():
     assert torch.equal(before, torch.random.get_rng_state())
 
 
-# --- exercise 4: the std of the residual stream
+# --- exercise 3 (continued): the std of the residual stream
 
 def stream_std(layers, x):
     stds = [x.std()]
@@ -237,7 +237,7 @@ def input_to_every_layer(layers, x):
     return [x.std()] + [layer(x).std() for layer in layers]
 
 
-# --- exercise 5: the bug hunt, a sublayer connection
+# --- exercise 4: the bug hunt, a sublayer connection
 
 
 class Sublayer(nn.Module):

@@ -486,7 +486,7 @@ def _folded(fn, gamma, beta, W, b):
     return got
 
 # %% ../../chapters/05_residual_layernorm.ipynb #c033d
-# --- exercise 5: the bug hunt, a sublayer connection (the reference is the library's SublayerConnection)
+# --- exercise 4: the bug hunt, a sublayer connection (the reference is the library's SublayerConnection)
 def check_sublayer_connection(cls, seed: int = 0) -> None:
     """Test a reader's residual wrapper cls(d_model, dropout, norm_first=...) with its LayerNorm in self.norm and
     forward(x, sublayer), against the library's SublayerConnection with the same gain and shift: both forms (norm_first False and True), in
