@@ -148,6 +148,13 @@ def rotate_2d_only(x, positions):                                 # right on (n,
     return rotate(x.reshape(-1, x.size(-2), x.size(-1))[0], positions) if x.dim() > 2 else rotate(x, positions)
 
 
+def rotate_crashes_on_batches(x, positions):                      # pairs taken along axis 1: fine on (n, d) only
+    angle = positions[:, None].double() * 10000.0 ** (-torch.arange(0, x.size(-1), 2, dtype=torch.float64) / x.size(-1))
+    c, s = angle.cos(), angle.sin()
+    a, b = x[:, 0::2], x[:, 1::2]
+    return torch.stack([c * a + s * b, c * b - s * a], dim=-1).flatten(-2)
+
+
 def rotate_backwards(x, positions):
     return rotate(x, -positions)
 
@@ -306,6 +313,8 @@ GRADERS = [
         (lambda n, d: (n / math.pi) ** (d / (d - 2)), "n - 1 steps apart"),
         (lambda n, d: ((n - 1) / math.pi) ** ((d - 2) / d), "turns by 3.327 rad"),
         (lambda n, d: "10000", "one number"),
+        (lambda n, d: float(math.ceil(smallest_base(n, d))), "return the exact real base"),
+        (lambda n, d: float(round(smallest_base(n, d))), "return the exact real base"),
     ]),
     grader_row(check_offset_distances, correct=[distances, distances_from_tables], mistakes=[
         (squared, "squared distance"),
@@ -334,5 +343,6 @@ GRADERS = [
         (lambda x, positions: x.clone(), "unrotated"),
         (lambda x, positions: rotate(x, positions)[:, :4], "one rotated row per row"),
         (rotate_2d_only, "whatever axes come before them"),
+        (rotate_crashes_on_batches, "the positions run along axis -2"),
     ], prints=["p' - p = 7", "also on (B, h, n, d_model)"]),
 ]

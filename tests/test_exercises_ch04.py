@@ -1,5 +1,6 @@
 """Chapter 4's exercise graders accept the right answers (float64 and float32) and name the typical mistakes."""
 
+import math
 from fractions import Fraction
 
 import numpy as np
@@ -69,12 +70,24 @@ def test_ffn_backward_leaves_autograd_on():
 # --- exercise 2: the SwiGLU width
 
 
-def swiglu_width(d_model):
-    return 8 * d_model / 3
+def swiglu_width(d_model, multiple_of=None):
+    exact = 8 * d_model / 3
+    return exact if multiple_of is None else multiple_of * math.ceil(exact / multiple_of)
 
 
-def swiglu_width_exact(d_model):
-    return Fraction(8 * d_model, 3)
+def swiglu_width_exact(d_model, multiple_of=None):
+    exact = Fraction(8 * d_model, 3)
+    return exact if multiple_of is None else multiple_of * math.ceil(exact / multiple_of)
+
+
+def swiglu_width_rounded_nearest(d_model, multiple_of=None):
+    exact = 8 * d_model / 3
+    return exact if multiple_of is None else multiple_of * round(exact / multiple_of)
+
+
+def swiglu_width_not_a_multiple(d_model, multiple_of=None):
+    exact = 8 * d_model / 3
+    return exact if multiple_of is None else math.ceil(exact)
 
 
 def same_width(d_model):
@@ -164,15 +177,21 @@ GRADERS = [
         (slipped("dW_1 transposed"), "dW_1 is transposed"),
         (slipped("per sequence"), "sum over the batch too"),
         (slipped("per position"), "one gradient per position"),
+        (lambda *inputs: (*ffn_backward(*inputs)[:2], ffn_backward(*inputs)[2] / inputs[0][..., 0].numel(),
+                          *ffn_backward(*inputs)[3:]), "db_1 is averaged over the positions instead of summed"),
+        (lambda *inputs: (*ffn_backward(*inputs)[:4], ffn_backward(*inputs)[4] / inputs[0][..., 0].numel()),
+         "db_2 is averaged over the positions instead of summed"),
         (by_autograd, "Autograd is off"),
         (lambda *inputs: ffn_backward(*inputs)[:4], "five tensors"),
     ], prints="equal autograd's"),
-    grader_row(check_swiglu_width, correct=[swiglu_width, swiglu_width_exact, lambda d: torch.tensor(8.0 * d) / 3], mistakes=[
+    grader_row(check_swiglu_width, correct=[swiglu_width, swiglu_width_exact, lambda d, m=None: torch.tensor(8.0 * d) / 3 if m is None else swiglu_width(d, m)], mistakes=[
         (same_width, "kept d_ff = 4·d_model"),
         (biases_counted, "biases counted"),
         (ratio_inverted, "multiplied 4·d_model by 3/2"),
-        (rounded_width, "rounded width"),
-        (lambda d: 2 * d / 3, "forgot the factor 4"),
+        (rounded_width, "a whole number"),
+        (lambda d: 2 * d / 3, "ReLU network of width d_model"),
+        (swiglu_width_rounded_nearest, "round up"),
+        (swiglu_width_not_a_multiple, "not to a multiple of multiple_of"),
     ], prints='check_swiglu_width: correct'),
     grader_row(check_swiglu, correct=[SwiGLUFeedForward], mistakes=[], prints="correct (in float32)"),
     grader_row(check_swiglu, correct=[SwiGLU64], prints="correct (in float64)", mistakes=[
@@ -186,11 +205,11 @@ GRADERS = [
     grader_row(check_kernel_3, correct=[Call(band, 5), Call(band.int().tolist(), 5.0), Call(np.asarray(band, dtype=np.float32), torch.tensor(5))], mistakes=[
         (Call(distance == 0, 5), "kernel size 1"),                 # the kernel-size-1 pattern
         (Call(torch.ones(n, n), 5), "that is attention"),
-        (Call(distance.abs() <= 2, 5), "not two"),
+        (Call(distance.abs() <= 2, 5), "kernel of size 5"),
         (Call((distance >= 0) & (distance <= 2), 5), "causal convolution"),
         (Call(torch.ones(5, 5), 5), "shape"),
         (Call(band, 3), "centred on the output"),
-        (Call(band, 6), "off by one"),
-        (Call(band, 4), "x_1 ... x_5 only"),
+        (Call(band, 6), "too many"),
+        (Call(band, 4), "too few"),
     ], prints='check_kernel_3: correct'),
 ]

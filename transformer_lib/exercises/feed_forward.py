@@ -4,6 +4,8 @@
 __all__ = ['check_feed_forward', 'check_swiglu_width', 'check_swiglu', 'check_kernel_3', 'check_ffn_backward']
 
 # %% ../../chapters/04_feed_forward.ipynb #c030
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -54,47 +56,79 @@ def check_feed_forward(fn, seed: int = 0) -> None:
     print("check_feed_forward: correct on inputs of shape (2, 5, 6) and (7, 6)")
 
 
-def check_swiglu_width(fn) -> None:
-    """Test fn(d_model) -> the hidden width d_ff' at which a bias-free SwiGLU network, 3·d_model·d_ff' parameters,
-    has as many as a bias-free ReLU network with d_ff = 4·d_model, 8·d_model² (so d_ff' = 8·d_model/3, unrounded).
+def _count(*layers):
+    """Parameters of bias-free or biased nn.Linear layers given as (d_in, d_out, bias), counted on real modules."""
+    return sum(p.numel() for d_in, d_out, bias in layers for p in torch.nn.Linear(d_in, d_out, bias=bias,
+                                                                                    device="meta").parameters())
 
-    Raises AssertionError naming the mistake; prints a line when fn is right."""
+
+def _matched_width(d, relu_width=None, matrices=3, relu_bias=False, gated_bias=False):
+    """The hidden width h at which a gated network (matrices - 1 layers d -> h and one h -> d) has as many
+    parameters as a two-layer ReLU network d -> relu_width -> d (default 4 d). The counts are taken from modules of
+    two widths (the gated count grows linearly with h) and the line is solved for the ReLU count."""
+    relu = _count((d, 4 * d if relu_width is None else relu_width, relu_bias),
+                  (4 * d if relu_width is None else relu_width, d, relu_bias))
+
+    def gated(h):
+        return _count(*[(d, h, gated_bias)] * (matrices - 1), (h, d, gated_bias))
+    per_unit = gated(2) - gated(1)
+    return (relu - (gated(1) - per_unit)) / per_unit
+
+
+def check_swiglu_width(fn) -> None:
+    """Test fn(d_model, multiple_of=None) -> the hidden width d_ff' at which a bias-free SwiGLU network has as many
+    parameters as a bias-free ReLU network with d_ff = 4·d_model: the exact value when multiple_of is None, else
+    that value rounded up to a multiple of multiple_of. The reference matches the two networks' parameter counts,
+    taken from nn.Linear modules. Raises AssertionError naming the mistake; prints a line when fn is right."""
     sizes = [768, 512, 64, 3, 1]
     mistakes = {
-        "you kept d_ff = 4·d_model: with three matrices instead of two the SwiGLU network then has 12·d_model² "
-        "parameters, 1.5 times the ReLU network's 8·d_model²": lambda d: 4 * d,
-        "you multiplied 4·d_model by 3/2; three matrices instead of two means the width must shrink to 2/3 of it":
+        "you kept d_ff = 4·d_model: with three matrices instead of two, the SwiGLU network then has more "
+        "parameters than the ReLU network": lambda d: 4 * d,
+        "you multiplied 4·d_model by 3/2: with three matrices instead of two, should the width grow or shrink?":
             lambda d: 6 * d,
-        "you forgot the factor 4: d_ff' is 2/3 of the ReLU network's d_ff = 4·d_model, not of d_model":
-            lambda d: 2 * d / 3,
-        "you divided by 2, as if SwiGLU had two matrices of d_model·d_ff' each: it has three (W, V and W_2)":
-            lambda d: 2 * d,
-        "biases counted in both networks: the comparison is between bias-free networks (8·d² = 3·d·d_ff')":
-            lambda d: (8 * d * d + 4 * d) / (3 * d + 2),
-        "biases counted in the ReLU network (2·d·d_ff + d_ff + d): the comparison is between bias-free networks":
-            lambda d: (8 * d + 5) / 3,
+        "you compared with a ReLU network of width d_model; its width is d_ff = 4·d_model":
+            lambda d: _matched_width(d, relu_width=d),
+        "biases counted in both networks: the comparison is between bias-free networks":
+            lambda d: _matched_width(d, relu_bias=True, gated_bias=True),
+        "biases counted in the ReLU network: the comparison is between bias-free networks":
+            lambda d: _matched_width(d, relu_bias=True),
         "biases counted in the SwiGLU network: the comparison is between bias-free networks":
-            lambda d: (8 * d * d - d) / (3 * d + 2),
+            lambda d: _matched_width(d, gated_bias=True),
     }
-    for d in sizes:
+
+    def call(*inputs):
         try:
-            answer = fn(d)
+            return fn(*inputs)
         except Exception as err:
-            raise AssertionError(f"swiglu_width({d}) raised {type(err).__name__}: {err}") from err
-        got = number(answer, f"swiglu_width({d})")
-        want = 8 * d / 3
+            raise AssertionError(f"swiglu_width{inputs} raised {type(err).__name__}: {err}") from err
+    for d in sizes:
+        got, want = number(call(d), f"swiglu_width({d})"), _matched_width(d)
         if abs(got - want) <= 1e-6 * want:                # float32 arithmetic is fine
             continue
         for message, wrong in mistakes.items():
             if abs(got - wrong(d)) <= 1e-6 * abs(wrong(d)):
-                raise AssertionError(f"{message} (for d_model = {d} you returned {got:g}, want {want:.6g})")
+                raise AssertionError(f"{message} (for d_model = {d} you returned {got:g})")
         if abs(got - want) < 1 and got == round(got):
-            raise AssertionError(f"for d_model = {d} you returned {got:g}, a rounded width: return the exact value, "
-                                 f"{want:.6g} (8·d_model/3); real models then round it, e.g. to a multiple of 256")
-        raise AssertionError(f"for d_model = {d} you returned {got:g}; the two parameter counts are equal at "
-                             f"d_ff' = {want:.6g}; your answer is {got / want:.3g} times that")
-    print(f"check_swiglu_width: correct, d_ff' = 8·d_model/3 ({', '.join(f'{8 * d / 3:g}' for d in sizes)} "
-          f"for d_model = {', '.join(map(str, sizes))})")
+            raise AssertionError(f"for d_model = {d} you returned {got:g}, a whole number: with multiple_of=None "
+                                 "return the exact width, unrounded")
+        raise AssertionError(f"for d_model = {d} you returned {got:g}: with that width the SwiGLU network has "
+                             f"{got / want:.3g} times the ReLU network's parameters")
+    for d, multiple in ((768, 256), (4096, 256), (512, 64), (96, 32)):
+        got, exact = number(call(d, multiple), f"swiglu_width({d}, {multiple})"), _matched_width(d)
+        want = multiple * math.ceil(exact / multiple)
+        if got == want:
+            continue
+        if got % multiple == 0 and got < exact:
+            named = ("below the exact width (rounded down, or to the nearest multiple): round up, so that the SwiGLU "
+                     "network has at least the ReLU network's parameters")
+        elif got == math.ceil(exact):
+            named = "rounded to a whole number, but not to a multiple of multiple_of"
+        else:
+            named = ("it must be the smallest multiple of multiple_of that is at least the exact width" if got % multiple
+                     else "a multiple, but not the smallest one at least the exact width")
+        raise AssertionError(f"swiglu_width({d}, multiple_of={multiple}) returned {got:g}: {named}")
+    print(f"check_swiglu_width: correct, exact widths {', '.join(f'{_matched_width(d):g}' for d in sizes)} for "
+          f"d_model = {', '.join(map(str, sizes))}, and rounded up to multiples")
 
 
 def _swish(z):
@@ -151,12 +185,37 @@ def check_swiglu(module_class, seed: int = 0) -> None:
     print(f"check_swiglu: correct (in {str(dtype).replace('torch.', '')}) on inputs of shape (2, 5, 6) and (7, 6)")
 
 
+def _conv_layer(d=4, seed=0):
+    """One layer of the exercise, in float64: Conv1d(d, 4d, kernel_size=3, padding=1), ReLU, Conv1d(4d, d, 1), as a
+    function (n, d) -> (n, d)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        first = torch.nn.Conv1d(d, 4 * d, kernel_size=3, padding=1).double()
+        second = torch.nn.Conv1d(4 * d, d, kernel_size=1).double()
+    return lambda s: second(torch.relu(first(s.T))).T
+
+
+def _reach(num_layers, n=6, d=4):
+    """(n, n) booleans: does output position i of a stack of num_layers such layers depend on input position j?
+    Measured with autograd on random weights and a random input."""
+    layers = [_conv_layer(d, seed) for seed in range(num_layers)]
+
+    def stack(s):
+        for layer in layers:
+            s = layer(s)
+        return s
+    x = torch.randn(n, d, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    J = torch.autograd.functional.jacobian(stack, x)                  # (n, d, n, d)
+    return J.abs().sum((1, 3)) > 0
+
+
 def check_kernel_3(nonzero, num_layers) -> None:
     """Test the answers to the kernel-size-3 exercise, for a sequence of n = 6 positions.
 
     nonzero: (6, 6) booleans (tensor, array or nested lists), nonzero[i][j] True when the Jacobian block
     dy_i / dx_j of one layer is non-zero; num_layers: the smallest number of such layers after which output
-    position 5 depends on input position 0. Raises AssertionError naming the mistake; prints a line when right."""
+    position 5 depends on input position 0. The reference is measured with autograd on a real stack of such layers.
+    Raises AssertionError naming the mistake; prints a line when right."""
     n = 6
     try:
         got = torch.as_tensor(nonzero).to("cpu")
@@ -166,18 +225,17 @@ def check_kernel_3(nonzero, num_layers) -> None:
         raise AssertionError(f"nonzero must have shape (6, 6), one entry per block dy_i / dx_j; got {tuple(got.shape)}")
     got = got != 0
     distance = torch.arange(n)[:, None] - torch.arange(n)          # (n, n): i - j
-    want = distance.abs() <= 1
+    want = _reach(1)
     patterns = {
-        "only the diagonal blocks: that is kernel size 1; a kernel of size 3 also reads positions i - 1 and i + 1":
+        "only the diagonal blocks: that is kernel size 1; a kernel of size 3 reads more than position i":
             distance == 0,
-        "every block non-zero: that is attention; a kernel of size 3 reads only positions i - 1, i, i + 1":
+        "every block non-zero: that is attention; a kernel of size 3 reads only a few neighbouring positions":
             torch.ones(n, n, dtype=torch.bool),
-        "a band of width 5 (|i - j| <= 2): a kernel of size 3 reaches one neighbour on each side, not two":
+        "a band of width 5 (|i - j| <= 2): that is what a kernel of size 5 would read":
             distance.abs() <= 2,
         "a one-sided band (j = i - 2, i - 1, i): that is a causal convolution (padding only on the left); "
-        "padding=1 centres the kernel: j = i - 1, i, i + 1": (distance >= 0) & (distance <= 2),
-        "a one-sided band: with padding=1 the kernel is centred, so y_i depends on x_(i-1), x_i and x_(i+1)":
-            (distance >= 0) & (distance <= 1),
+        "padding=1 pads both ends, which centres the kernel": (distance >= 0) & (distance <= 2),
+        "a one-sided band: with padding=1 the kernel is centred on position i": (distance >= 0) & (distance <= 1),
     }
     if not torch.equal(got, want):
         for message, wrong in patterns.items():
@@ -185,20 +243,22 @@ def check_kernel_3(nonzero, num_layers) -> None:
                 raise AssertionError(message)
         wrong_blocks = [(i, j) for i in range(n) for j in range(n) if got[i, j] != want[i, j]][:3]
         raise AssertionError(f"wrong blocks, e.g. (i, j) = {', '.join(map(str, wrong_blocks))}: block (i, j) is "
-                             "non-zero exactly when y_i depends on x_j, that is when |i - j| <= 1")
+                             "non-zero exactly when y_i depends on x_j")
     layers = number(num_layers, "num_layers")
-    answers = {
-        3: "3 layers see 2·3 + 1 = 7 positions, but centred on the output: y_5 sees x_2 and up, never x_0. "
-           "Each layer moves information by one position, and 0 is 5 away from 5",
-        6: "off by one: positions 0 and 5 are 5 apart, and each layer bridges one",
-        4: "after 4 layers y_5 depends on x_1 ... x_5 only: each layer bridges one position, and 0 is 5 away",
-        1: "one layer links only neighbours",
-        2: "2 layers reach 2 positions: each layer bridges one position, and 0 is 5 away from 5",
-    }
-    if layers != 5:
-        raise AssertionError(answers.get(layers, f"{layers:g} layers: each layer bridges one position, "
-                                                  "so count how many steps lead from position 0 to position 5"))
-    print("check_kernel_3: correct, a band of blocks |i - j| <= 1, and position 0 reaches position 5 after 5 layers")
+    if layers != round(layers) or not 1 <= layers <= 20:
+        raise AssertionError(f"num_layers must be a whole number of layers, 1 or more; got {layers:g}")
+    layers = int(layers)
+    if not _reach(layers)[5, 0]:
+        raise AssertionError(("3 layers give a window of 2·3 + 1 = 7 positions, but it is centred on the output: "
+                              "after 3 layers y_5's window does not reach x_0" if layers == 3 else
+                              f"too few: after {layers} such layer{'s' if layers > 1 else ''} y_5 does not depend on "
+                              "x_0 yet (measured with autograd on a stack of them)") +
+                             "; count how far each layer moves information")
+    if _reach(layers - 1)[5, 0] if layers > 1 else False:
+        raise AssertionError(f"too many: y_5 already depends on x_0 after fewer than {layers} layers; num_layers is "
+                             "the smallest number after which it does")
+    print("check_kernel_3: correct: a band of blocks around the diagonal, and the smallest depth at which position 0 "
+          "reaches position 5")
 
 # %% ../../chapters/04_feed_forward.ipynb #c030a
 # --- exercise 1: the feed-forward network's backward pass by hand, graded against autograd (the reference is
@@ -291,6 +351,11 @@ def check_ffn_backward(fn, seed: int = 0) -> None:
             if i in (2, 4):
                 mistakes[f"{name} has one gradient per position: sum them, the same bias is added at every "
                          "position"] = _shaped(*lead, d_ff if i == 2 else d_model)
+            if i >= 1:
+                positions = torch.Size(lead).numel()
+                mistakes[f"{name} is averaged over the positions instead of summed: the same "
+                         f"{'weight' if i in (1, 3) else 'bias'} serves every position, and each adds its whole "
+                         "gradient"] = lambda *x, i=i, positions=positions: _autograd_ffn(*x)[i] / positions
             grade(lambda *x, i=i: reader(*x)[i], lambda *x, i=i: _autograd_ffn(*x)[i], {what: inputs}, mistakes,
                   name=f"your {name}", against=f"autograd's {name}", shape=f"{shapes[name]}: ", crash=crash)
     print("check_ffn_backward: dx, dW_1, db_1, dW_2 and db_2 equal autograd's on x of shape (2, 5, 6) and (7, 6)")

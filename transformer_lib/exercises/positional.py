@@ -52,6 +52,9 @@ def _known_mistakes(max_len, d_model):
     ]
 
 
+# --- section 3.2's table, written as a function of your own: graded by the check command
+# (python -m transformer_lib.check finds a function named sinusoidal_encoding); not an exercise of this page
+
 def check_sinusoidal_encoding(fn, tol: float = 1e-5):
     """Test a reader's fn(max_len, d_model) -> (max_len, d_model) table against sinusoidal_encoding on several
     sizes. Raises an AssertionError that names the mistake; prints a one-line report when it is right."""
@@ -89,7 +92,8 @@ def check_sinusoidal_encoding(fn, tol: float = 1e-5):
     print(f"check_sinusoidal_encoding: your table matches for all {len(sizes)} sizes")
 
 
-# --- exercise 2: why 10000
+# --- not an exercise of this page: a grader for ||PE(p) - PE(p + k)|| (section 3.5) written as a function of
+# your own; it stays in the library for readers of an earlier edition
 
 def _offset_distances(k, d_model, base=10000.0, exponent=2):
     """||PE(p) - PE(p+k)|| = sqrt(d_model - 2 f(k)), f(k) = sum_i cos(k w_i), w_i = base^(-exponent*i/d_model)."""
@@ -246,8 +250,11 @@ def check_rotary(fn) -> None:
         try:
             return torch.as_tensor(fn(inputs.clone(), pos.clone()))
         except Exception as error:
+            axes = ("" if inputs.dim() <= 2 else ": x may have a batch and heads in front, (B, h, n, d_model); the "
+                    "positions run along axis -2 and the features along the last axis (x[..., 0::2], not x[:, 0::2]), "
+                    "whatever axes come before them")
             raise AssertionError(f"fn(x {tuple(inputs.shape)}, positions {pos.tolist()}) raised "
-                                 f"{type(error).__name__}: {error}") from error
+                                 f"{type(error).__name__}: {error}{axes}") from error
 
     half = d_model // 2
     paired = torch.stack([torch.arange(half), torch.arange(half) + half], -1).flatten()   # i and i + d/2 side by side
@@ -398,33 +405,50 @@ def check_pe_recurrence(fn, first_drift) -> None:
 # %% ../../chapters/03_positional_encoding.ipynb #c041b
 # --- exercise 2: why 10000
 
-def _base_for(n, d_model, turn=math.pi, exponent=None):
-    """The smallest base b at which the slowest pair (i = d_model/2 - 1, frequency b^(-exponent)) turns by at most
-    `turn` between positions 0 and n - 1, found by bisection on log b (the angle falls as b grows)."""
-    exponent = (d_model - 2) / d_model if exponent is None else exponent
-    low, high = 0.0, 200.0                                               # log b
-    for _ in range(200):
+def _turn(n, d_model, base, pair=None, exponent=2):
+    """How far the pair of columns `pair` (default: the slowest, d_model/2 - 1) of a sinusoidal table with this base
+    has turned between positions 0 and n - 1, in radians: measured on the table's rows by adding up the angle
+    between consecutive rows (atan2 of their cross and dot products), so that turns beyond pi count in full.
+    exponent 1: the slip that builds pair i's frequency from i/d_model instead of 2i/d_model."""
+    i = d_model // 2 - 1 if pair is None else pair
+    p = torch.arange(n, dtype=torch.float64)
+    angles = p * float(base) ** (-exponent * i / d_model)
+    sin, cos = angles.sin(), angles.cos()                               # columns 2i and 2i+1 of the table
+    cross = sin[1:] * cos[:-1] - cos[1:] * sin[:-1]
+    dot = cos[1:] * cos[:-1] + sin[1:] * sin[:-1]
+    return torch.atan2(cross, dot).sum().item()
+
+
+def _smallest(n, d_model, turn=math.pi, **pair):
+    """The smallest base at which the pair turns by at most `turn` between positions 0 and n - 1: bisection on
+    log(base), with the turn measured by _turn (a larger base turns more slowly)."""
+    low, high = 0.0, 200.0                                               # log base
+    for _ in range(80):
         middle = (low + high) / 2
-        low, high = (low, middle) if (n - 1) * math.exp(-exponent * middle) <= turn else (middle, high)
+        low, high = (low, middle) if _turn(n, d_model, math.exp(middle), **pair) <= turn else (middle, high)
     return math.exp(high)
 
 
 def check_smallest_base(fn) -> None:
     """Test a reader's fn(n, d_model) -> the smallest base of the sinusoidal table (10000 in the paper) for which
     the slowest pair of columns, i = d_model/2 - 1, turns by at most half a turn (pi) between positions 0 and
-    n - 1, so that its cosine alone orders the n positions. Names the usual slips (a full turn, the frequency of
-    the excluded next pair, the exponent i/d_model, n steps instead of n - 1)."""
+    n - 1, so that its cosine alone orders the n positions. The reference is found by bisection on the base, with
+    the turn measured on the table's rows. Names the usual slips (a full turn, the excluded next pair, the exponent
+    i/d_model, n steps instead of n - 1, a base rounded to an integer)."""
     mistakes = {
         "that lets the slowest pair make a full turn, 2 pi; its cosine falls only over half a turn, pi, and then "
-        "rises again, so far positions would look near": lambda n, d: _base_for(n, d, turn=2 * math.pi),
-        "that is the base at which the excluded next pair, i = d_model/2 with frequency 1/base, would turn by pi; "
-        "the last pair is i = d_model/2 - 1": lambda n, d: _base_for(n, d, exponent=1.0),
-        "the exponent of pair i is 2i/d_model; you used i/d_model": lambda n, d: _base_for(n, d, exponent=(d - 2) / (2 * d)),
-        "positions 0 ... n - 1 are n - 1 steps apart, not n": lambda n, d: _base_for(n + 1, d)}
+        "rises again, so far positions would look near": lambda n, d: _smallest(n, d, turn=2 * math.pi),
+        "that is the base at which the excluded next pair, i = d_model/2, would turn by pi; the last pair is "
+        "i = d_model/2 - 1": lambda n, d: _smallest(n, d, pair=d // 2),
+        "the exponent of pair i is 2i/d_model; you used i/d_model": lambda n, d: _smallest(n, d, exponent=1),
+        "positions 0 ... n - 1 are n - 1 steps apart, not n": lambda n, d: _smallest(n + 1, d),
+        "you rounded the base to a whole number: return the exact real base (the check compares to float32's "
+        "precision)": [lambda n, d: float(math.ceil(_smallest(n, d))), lambda n, d: float(round(_smallest(n, d))),
+                       lambda n, d: float(math.floor(_smallest(n, d)))]}
 
     def angle(got, n, d):
-        return (f": with your base the slowest pair turns by {(n - 1) * got ** (-(d - 2) / d):.4g} rad between "
-                "positions 0 and n - 1, not pi" if got > 1 else ": a base must be larger than 1")
-    grade(fn, _base_for, {f"fn(n={n}, d_model={d})": (n, d) for n, d in ((5000, 512), (1000, 64), (100, 16), (60, 4))},
+        return (f": with your base the slowest pair turns by {_turn(n, d, got):.4g} rad between positions 0 and "
+                "n - 1, not pi" if got > 1 else ": a base must be larger than 1")
+    grade(fn, _smallest, {f"fn(n={n}, d_model={d})": (n, d) for n, d in ((5000, 512), (1000, 64), (100, 16), (60, 4))},
           mistakes, name="your base", says="you return {got:.6g}", hint=angle)
     print("check_smallest_base: right for (n, d_model) = (5000, 512), (1000, 64), (100, 16), (60, 4)")
