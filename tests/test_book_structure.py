@@ -45,6 +45,9 @@ def test_chapter_layout(path):
         assert "## Summary" in text and "## Exercises" in text
     assert "{cite}`" in text, "cites its sources"
     assert any(c.source.startswith("#| export") for c in code)
+    graders = [c for c in code if c.source.startswith("#| export exercises")]
+    assert all("remove-cell" in c.metadata.get("tags", []) for c in graders), \
+        "the graders' code is not in the HTML (remove-cell): their references and slips would give answers away"
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
