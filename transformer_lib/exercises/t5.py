@@ -37,7 +37,7 @@ def check_buckets(fn) -> None:
 
 # --- Exercise 1: ALiBi, a position bias without buckets or parameters --------------------------------------
 
-def _alibi(num_heads, n_q, n_k, slopes=None, offset=None, sign=-1.0, signed=False):
+def _alibi(num_heads, n_q, n_k, slopes=None, offset=None, sign=-1.0, signed=False, causal=False):
     """ALiBi's bias (H, n_q, n_k): head h (1..H) adds sign * m_h * |i - j| for the query at position i and the key
     at j, m_h = 2^(-8h/H); the queries are the last n_q of the n_k positions (offset n_k - n_q). Its keyword
     arguments make the graders' slips."""
@@ -45,7 +45,7 @@ def _alibi(num_heads, n_q, n_k, slopes=None, offset=None, sign=-1.0, signed=Fals
     m = 2.0 ** (-8.0 * h / num_heads) if slopes is None else slopes(h, num_heads)
     i = torch.arange(n_q, dtype=torch.float64)[:, None] + (n_k - n_q if offset is None else offset)
     j = torch.arange(n_k, dtype=torch.float64)[None, :]
-    distance = (i - j) if signed else (i - j).abs()                                  # (n_q, n_k)
+    distance = (i - j) if signed else (i - j).clamp(min=0) if causal else (i - j).abs()   # (n_q, n_k)
     return sign * m[:, None, None] * distance
 
 
@@ -63,6 +63,9 @@ def _alibi_slips():
         "your distance has a sign: keys after the query get a positive bias; use |i - j|":
             [lambda H, n_q, n_k: _alibi(H, n_q, n_k, signed=True),
              lambda H, n_q, n_k: -_alibi(H, n_q, n_k, signed=True)],
+        "your bias is 0 for the keys after the query: that is the paper's causal form (a decoder masks those keys "
+        "anyway); the exercise asks for -m_h |i - j| on both sides, the usual extension to an encoder":
+            lambda H, n_q, n_k: _alibi(H, n_q, n_k, causal=True) if n_q == n_k else None,
         "your queries start at position 0: with n_q < n_k (decoding with a cache) they are the last n_q of the n_k "
         "positions, so query i sits at n_k - n_q + i":
             lambda H, n_q, n_k: _alibi(H, n_q, n_k, offset=0) if n_q < n_k else None,
