@@ -254,8 +254,8 @@ GRADERS = [
     ], prints='75,497,472'),
     grader_row(check_lm_loss, correct=[lm_loss, lm_loss_from_whole_window, Call(lm_loss, dtype=torch.float32)],
                mistakes=[
-        (not_shifted, "scored on its own token"),
-        (Call(not_shifted, dtype=torch.float32), "scored on its own token"),
+        (not_shifted, "scored on a token it can already see"),
+        (Call(not_shifted, dtype=torch.float32), "scored on a token it can already see"),
         (shifted_the_wrong_way, "shifted the wrong way"),
         (summed, "a sum over the tokens"),
         (per_window, "number of windows"),

@@ -65,6 +65,21 @@ def drops_to_multiple_of_w(perm, example, world_size, global_batch):
     return None if p >= len(perm) // world_size * world_size else (p // global_batch, p % world_size)
 
 
+def off_by_one_at_the_end(perm, example, world_size, global_batch):     # > instead of >=
+    p = perm.index(example)
+    return None if p > len(perm) // global_batch * global_batch else (p // global_batch, p % world_size)
+
+
+def rank_step_swapped(perm, example, world_size, global_batch):
+    out = who_reads(perm, example, world_size, global_batch)
+    return None if out is None else (out[1], out[0])
+
+
+def steps_from_one(perm, example, world_size, global_batch):
+    out = who_reads(perm, example, world_size, global_batch)
+    return None if out is None else (out[0] + 1, out[1])
+
+
 def test_who_reads_inverts_step_sampler():
     from torch.utils.data.distributed import DistributedSampler
     for n, world_size, batch in ((200, 4, 32), (200, 3, 9), (37, 2, 8)):
@@ -193,7 +208,7 @@ def test_library_token_mean_loss_passes():
 
 
 def test_per_rank_mean_is_caught_in_float32_too():
-    with pytest.raises(AssertionError, match="per-rank mean"):
+    with pytest.raises(AssertionError, match="ranks with fewer tokens weigh more"):
         check_token_mean_loss(per_rank_mean, dtype=torch.float32)
 
 
@@ -347,11 +362,14 @@ GRADERS = [
         (id_as_position, "id as its position"),
         (never_none, "return None for them"),
         (drops_to_multiple_of_w, "only the examples past a multiple of world_size"),
+        (off_by_one_at_the_end, "off-by-one at the end of the epoch"),
+        (rank_step_swapped, "the two numbers swapped"),
+        (steps_from_one, "steps count from 1"),
         (lambda perm, example, world_size, global_batch: [0], "return \\(step, rank\\)"),
     ], prints="check_who_reads: every example"),
     grader_row(check_resume, correct=[resume, resume_with_the_library, Call(resume, dtype=torch.float32)], mistakes=[
-        (slipped("rng first"), "restored and then the model was built"),
-        (Call(slipped("rng first"), dtype=torch.float32), "restored and then the model was built"),
+        (slipped("rng first"), "every saved tensor was loaded, and yet"),
+        (Call(slipped("rng first"), dtype=torch.float32), "every saved tensor was loaded, and yet"),
         (slipped("rng"), "generators are not restored"),
         (slipped("optimizer"), "Adam's moments are not restored"),
         (slipped("scheduler"), "schedule is not restored"),
@@ -369,7 +387,7 @@ GRADERS = [
         (type_error_for_indivisible, "raised TypeError"),
     ], prints='check_rank_indices: correct'),
     grader_row(check_token_mean_loss, correct=[token_mean_loss, Call(token_mean_loss, dtype=torch.float32)], mistakes=[
-        (per_rank_mean, "per-rank mean: ranks with fewer tokens weigh more"),
+        (per_rank_mean, "ranks with fewer tokens weigh more: in the gradient"),
         (forgot_world_size, "world_size times too small"),
         (plain_sum, "not normalised"),
         (per_rank_mean_times_world_size, "per-rank mean times world_size"),

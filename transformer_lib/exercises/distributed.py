@@ -26,8 +26,12 @@ def _who_reads(perm, example, world_size, global_batch, slip=None):
     n, b = len(perm), global_batch // world_size
     p = example if slip == "id" else perm.index(example)              # its position in the permutation
     read = {"keep all": n, "only W": n // world_size * world_size}.get(slip, n // global_batch * global_batch)
-    if p >= read:
+    if p >= read + (slip == "boundary"):                              # "boundary": p > read instead of >=
         return None                                                   # past the epoch's last full batch
+    if slip == "swapped":
+        return p % world_size, p // global_batch
+    if slip == "from 1":
+        return p // global_batch + 1, p % world_size
     if slip == "blocks":                                              # each rank a contiguous block of the batch
         return p // global_batch, p % global_batch // b
     if slip == "shares":                                              # the permutation cut into W pieces
@@ -43,8 +47,8 @@ def check_who_reads(fn, seed: int = 0) -> None:
     is read and the rank that reads it, for an epoch whose shuffled order of the examples is perm (a list), under
     StepSampler's rule (section 13.2); None when the epoch never reads the example. Tries every example of
     a permutation of 103 examples on 1 to 5 processes. Names contiguous blocks per rank, the permutation cut into W
-    shares, a rank's slice taken as global_batch long, the example's id used as its position, and the examples
-    that an epoch drops."""
+    shares, a rank's slice taken as global_batch long, the example's id used as its position, (rank, step)
+    swapped, steps counted from 1, and the examples that an epoch drops (an off-by-one at its end among them)."""
     g = torch.Generator().manual_seed(seed)
     perm = torch.randperm(103, generator=g).tolist()                  # ids are not their positions
     mistakes = {
@@ -55,6 +59,11 @@ def check_who_reads(fn, seed: int = 0) -> None:
         "local": "a rank takes global_batch / world_size examples of its share per step, not global_batch: the step "
                  "is the position divided by the global batch",
         "id": "you used the example's id as its position: find where it stands in perm (perm.index(example))",
+        "swapped": "your answer is (rank, step), the two numbers swapped: return (step, rank)",
+        "from 1": "your steps count from 1; the epoch's first step is step 0, as in section 13.2",
+        "boundary": "the first example past the epoch's last full batch (at position num_examples // global_batch "
+                    "* global_batch of perm) gets a step in your answer: an off-by-one at the end of the epoch; "
+                    "no rank reads it",
         "only W": "DistributedSampler alone drops only the examples past a multiple of world_size, but the epoch "
                   "ends after num_examples // global_batch full batches: return None past that",
         "keep all": "an epoch has num_examples // global_batch steps; the examples past the last full batch are "
@@ -62,7 +71,7 @@ def check_who_reads(fn, seed: int = 0) -> None:
     }
     for world_size, global_batch in ((3, 9), (1, 8), (2, 8), (4, 32), (4, 12), (5, 15)):
         where = f"{world_size} process(es), global batch {global_batch}"
-        wrong = {}                                                    # example -> the reader's wrong answer
+        answers = {}                                                  # example -> the reader's answer
         for example in perm:
             got = call_reader(fn, f"{where}: who_reads(perm, {example}, ...)", list(perm), example, world_size,
                               global_batch)
@@ -73,15 +82,15 @@ def check_who_reads(fn, seed: int = 0) -> None:
                 except (TypeError, ValueError):
                     raise AssertionError(f"{where}: return (step, rank), two ints, or None; got {got!r}"[:300]) \
                         from None
-            if got != _who_reads(perm, example, world_size, global_batch):
-                wrong[example] = got
+            answers[example] = got
+        wrong = {e: got for e, got in answers.items() if got != _who_reads(perm, e, world_size, global_batch)}
         if not wrong:
             continue
-        for slip, message in mistakes.items():     # the slip that explains every wrong answer (for the rank and
-            drops = slip in ("only W", "keep all")  # step slips, those of the examples the epoch reads)
-            explain = {e: got for e, got in wrong.items()
-                       if drops or _who_reads(perm, e, world_size, global_batch) is not None}
-            if explain and all(got == _who_reads(perm, e, world_size, global_batch, slip) for e, got in explain.items()):
+        for slip, message in mistakes.items():     # the slip that gives every answer the reader gives (for the
+            drops = slip in ("only W", "keep all", "boundary")    # rank and step slips, on the examples read)
+            scope = [e for e in perm if drops or _who_reads(perm, e, world_size, global_batch) is not None]
+            if any(e in wrong for e in scope) and all(
+                    answers[e] == _who_reads(perm, e, world_size, global_batch, slip) for e in scope):
                 raise AssertionError(f"{where}: {message}")
         example, got = next(iter(wrong.items()))
         raise AssertionError(f"{where}: {len(wrong)} of {len(perm)} examples wrong, e.g. example {example} (at "
@@ -201,12 +210,12 @@ def check_token_mean_loss(fn, dtype=torch.float64, seed: int = 0) -> None:
     loss_sum: a scalar tensor, the sum of this rank's token losses; n_local: its real (non-padding) tokens;
     n_global: the tokens of all ranks together. Simulates 2 and 4 ranks in one process on a padded batch whose
     shards hold different numbers of tokens, averages the ranks' gradients as DDP does, and compares with the
-    gradient of the token mean of the whole batch in one process. Names the per-rank mean, a forgotten factor
-    world_size and an unnormalised sum."""
+    gradient of the token mean of the whole batch in one process. Names ranks with fewer tokens weighing more, a
+    forgotten factor world_size and an unnormalised sum."""
     mistakes = {
-        "per-rank mean: ranks with fewer tokens weigh more. Each rank's mean divides by its own token count, and "
-        "DDP averages the ranks, so a token of a short shard counts more than one of a long shard; divide by "
-        "the global count n_global (section 13.3)": lambda s, n, N, W: s / n,
+        "ranks with fewer tokens weigh more: in the gradient DDP averages, a token of a short shard counts more "
+        "than a token of a long shard, so the average is not one process's token-mean gradient (section 13.3)":
+            lambda s, n, N, W: s / n,
         "the gradient is world_size times too small: DDP averages (divides by W) the ranks' gradients, so "
         "multiply each rank's sum by world_size before dividing by n_global": lambda s, n, N, W: s / N,
         "the sum is not normalised: divide it by the global token count n_global (times world_size, "
@@ -417,7 +426,7 @@ def _train_steps(model, optimizer, scheduler, batches, start, stop):
 
 
 def _resume(state, build, slip=None):
-    """The right resume, or one with a typical slip: build first, load every part, set the generators last."""
+    """The right resume, or one with a typical slip (for the checker's messages)."""
     if slip == "rng first":
         set_rng_state(state["rng"][0])
     model, optimizer, scheduler = build()
@@ -471,14 +480,13 @@ def check_resume(fn, dtype=torch.float64, seed: int = 0) -> None:
     saved after 3 of 8 steps (read back with weights_only=True); build() returns a fresh (model, optimizer,
     scheduler) as the run built them (random initial weights, dropout, Adam, a warm-up schedule); step: the steps
     already taken, where the loop continues. The resumed run, in a process whose generators start elsewhere, must
-    end with the uninterrupted run's weights. Names the generators set before the model is built, each part left
-    out, and a step off by one. The caller's generators are left as they were."""
+    end with the uninterrupted run's weights. Names a resume whose dropout masks differ although every tensor is
+    loaded, each part left out, and a step off by one. The caller's generators are left as they were."""
     outer = rng_state()
     try:
         slips = {
-            "rng first": "the generators were restored and then the model was built: its random initialisation draws "
-                         "from torch's generator, so the dropout masks after the resume are not the uninterrupted "
-                         "run's, although every saved tensor was loaded; build first, set the generators last",
+            "rng first": "every saved tensor was loaded, and yet the dropout masks after the resume are not the "
+                         "uninterrupted run's, so the weights drift apart after the resume",
             "rng": "the random generators are not restored: dropout draws other masks after the resume",
             "optimizer": "Adam's moments are not restored (optimizer.load_state_dict): the first steps after the "
                          "resume have other sizes",

@@ -168,7 +168,7 @@ def _lm_case(dtype, seed):
 def check_lm_loss(fn, dtype=torch.float64, seed: int = 0) -> None:
     """Test fn(model, batch) -> the mean next-token cross-entropy in nats, as a tensor backward() can use, for
     batch = (windows,) with windows (B, T + 1) token ids (section 11.5's lm_loss is the reference), on a small
-    random GPT. Names the targets not shifted, the shift the wrong way, a sum or a mean over windows instead of
+    random GPT. Names a position scored on a token it can already see, the shift the wrong way, a sum or a mean over windows instead of
     tokens, bits instead of nats, and the last position scored alone."""
     import torch.nn.functional as F
 
@@ -178,9 +178,8 @@ def check_lm_loss(fn, dtype=torch.float64, seed: int = 0) -> None:
     def slips(model, batch):
         x = batch[0]
         return {
-            "each position is scored on its own token, which the causal mask lets it see (a token attends to "
-            "itself): the model learns to copy its input, and the loss falls towards 0 while the model learns nothing "
-            "of the next token. Feed x[:, :-1] and score against x[:, 1:]": ce(model(x), x),
+            "position t is scored on a token it can already see: the loss falls towards 0 while the model learns "
+            "nothing of the next token": ce(model(x), x),
             "shifted the wrong way: every position is scored on the token before it": ce(model(x[:, 1:]), x[:, :-1]),
             "a sum over the tokens, not their mean": ce(model(x[:, :-1]), x[:, 1:], "sum"),
             "divided by the number of windows, not of tokens": ce(model(x[:, :-1]), x[:, 1:], "sum") / len(x),
