@@ -1,5 +1,7 @@
 """Chapter 9's graders (transformer_lib.exercises.complexity): the worked solutions pass, also as float32
 numbers, and typical mistakes are caught with a message that names them."""
+import math
+
 import numpy as np
 import torch
 from helpers import grader_row
@@ -92,6 +94,10 @@ def keys_one_short(c, B, S, T):                           # step t attends to t 
     return cached_decode_flops(c, B, S, T) - B * c.num_decoder_layers * 4 * c.d_model * T
 
 
+def self_projection_short(c, B, S, T):                    # three self-attention projections per step, not four
+    return cached_decode_flops(c, B, S, T) - B * c.num_decoder_layers * 2 * c.d_model ** 2 * T
+
+
 def no_cross_scores(c, B, S, T):
     return cached_decode_flops(c, B, S, T) - B * c.num_decoder_layers * 4 * S * c.d_model * T
 
@@ -132,6 +138,8 @@ GRADERS = [
         (lambda d, f: (24 * d + 12 * f) / 16, "recomputes both n\\^2 products"),
         (lambda d, f: (24 * d + 12 * f) / 7, "counts the forward pass's n\\^2 term as 2 n\\^2 d"),
         (lambda d, f: 1.01 * (12 * d + 6 * f) / 7, "off by"),
+        (lambda d, f: math.ceil((12 * d + 6 * f) / 7), "return the exact real n"),
+        (lambda d, f: round((12 * d + 6 * f) / 7), "return the exact real n"),
         (lambda d, f: None, "must be one number"),
     ], prints="check_training_crossover: correct"),
     grader_row(check_cached_decode_flops, correct=[cached_decode_flops,
@@ -149,5 +157,7 @@ GRADERS = [
         (with_generator, "adds the generator"),
         (without_cache, "decoding without the cache"),
         (lambda *a: cached_decode_flops(*a) + 1000, "off by \\+1,000"),
+        (lambda c, B, S, T: cached_decode_flops(c, 1, S, T), "the batch size is missing"),
+        (self_projection_short, "off by -"),            # not the memory's projection: the first case has T != 2 S
     ], prints="check_cached_decode_flops: correct"),
 ]

@@ -4,6 +4,7 @@
 __all__ = ['check_encoder_layer_flops', 'check_training_crossover', 'check_cached_decode_flops']
 
 # %% ../../chapters/09_complexity.ipynb #c039
+import math
 import random
 
 import torch
@@ -64,6 +65,8 @@ def check_training_crossover(fn) -> None:
         "forward's two, not six)": crossing(4, 3),
         "that counts the forward pass's n^2 term as 2 n^2 d: Q K^T and weights V cost 2 n^2 d each":
             crossing(1.75, 3),
+        "a whole number: the FLOPs are equal at a real n between two lengths; return the exact real n, not rounded":
+            [lambda d, d_ff, f=f: f(right(d, d_ff)) for f in (math.ceil, math.floor, round)],
     }
     cases = ((512, 2048), (64, 100), (16, 64), (1024, 4096), (8, 8))
     grade(fn, right, {f"d_model={d}, d_ff={d_ff}": (d, d_ff) for d, d_ff in cases}, mistakes, scale=1e-2,
@@ -115,9 +118,11 @@ def check_cached_decode_flops(fn) -> None:
             lambda config, B, S, T: _cached_steps_flops(config, B, S, T) + 2 * B * T * config.d_model
             * config.tgt_vocab_size,
         "that is decoding without the cache: each step re-runs the decoder over the whole prefix": uncached,
+        "the batch size is missing: every product runs for each of the B sequences, so the total is B times one "
+        "sequence's": lambda config, B, S, T: _cached_steps_flops(config, 1, S, T),
     }
     cases = [(TransformerConfig(40, 40, d_model=32, num_heads=4, d_ff=64, num_encoder_layers=3,
-                                num_decoder_layers=2), 1, 10, 20),
+                                num_decoder_layers=2), 1, 10, 15),
              (TransformerConfig(50, 60, d_model=16, num_heads=2, d_ff=40, num_encoder_layers=3,
                                 num_decoder_layers=1, tie_embeddings=False), 3, 7, 5),
              (TransformerConfig.base(), 2, 64, 100)]
