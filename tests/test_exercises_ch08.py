@@ -308,7 +308,7 @@ GRADERS = [
         (linear_decay, "that is the linear decay"),
         (no_warmup, "the warm-up is missing"),
         (from_step_zero, "the cosine starts at step 0"),
-        (Call(cosine, below_tenth=BELOW_TENTH - 1), "the last step at or above a tenth"),
+        (Call(cosine, below_tenth=BELOW_TENTH - 1), "still at or above a tenth of the peak .*one step early"),
         (Call(cosine, below_tenth=1811), "the linear decay's step"),
         (Call(cosine, below_tenth=1500), "solve \\(1 \\+ cos"),
     ], prints="check_cosine_lr: your schedule is right"),

@@ -1,5 +1,7 @@
 """Chapter 9's graders (transformer_lib.exercises.complexity): the worked solutions pass, also as float32
 numbers, and typical mistakes are caught with a message that names them."""
+import math
+
 import numpy as np
 import torch
 from helpers import grader_row
@@ -7,6 +9,7 @@ from helpers import grader_row
 from transformer_lib.complexity import count_flops, ffn_flops, mha_flops
 from transformer_lib.exercises.complexity import (
     check_cached_decode_flops,
+    check_decoder_layer_flops,
     check_encoder_layer_flops,
     check_training_crossover,
 )
@@ -37,6 +40,20 @@ def no_ffn(B, n, d, d_ff):
 
 def only_q_k(B, n, d, d_ff):                               # weights V forgotten
     return encoder_layer_flops(B, n, d, d_ff) - 2 * B * n * n * d
+
+
+# --- exercise 1 (now): a decoder layer's FLOPs, with a memory of S positions
+
+def decoder_layer_flops(B, n, S, d, d_ff):
+    return 12 * B * n * d * d + 4 * B * n * n * d + 4 * B * S * d * d + 4 * B * n * S * d + 4 * B * n * d * d_ff
+
+
+def test_decoder_layer_flops_agrees_with_flop_counter():
+    from transformer_lib.decoder import DecoderLayer
+    torch.manual_seed(0)
+    for B, n, S, d, d_ff in ((1, 3, 7, 8, 5), (2, 6, 4, 12, 10)):
+        layer = DecoderLayer(d, 2, d_ff, dropout=0.0).eval()
+        assert count_flops(layer, torch.randn(B, n, d), torch.randn(B, S, d)) == decoder_layer_flops(B, n, S, d, d_ff)
 
 
 # --- exercise 2: the crossover of a training step (fused attention)
@@ -92,6 +109,10 @@ def keys_one_short(c, B, S, T):                           # step t attends to t 
     return cached_decode_flops(c, B, S, T) - B * c.num_decoder_layers * 4 * c.d_model * T
 
 
+def self_projection_short(c, B, S, T):                    # three self-attention projections per step, not four
+    return cached_decode_flops(c, B, S, T) - B * c.num_decoder_layers * 2 * c.d_model ** 2 * T
+
+
 def no_cross_scores(c, B, S, T):
     return cached_decode_flops(c, B, S, T) - B * c.num_decoder_layers * 4 * S * c.d_model * T
 
@@ -115,6 +136,25 @@ def without_cache(c, B, S, T):
 
 
 GRADERS = [
+    grader_row(check_decoder_layer_flops, correct=[decoder_layer_flops,
+                                                   lambda *a: torch.tensor(float(decoder_layer_flops(*a)))],
+               mistakes=[
+        (lambda *a: decoder_layer_flops(*a) // 2, "half: a product"),
+        (lambda B, n, S, d, f: decoder_layer_flops(B, n, S, d, f) - 4 * B * S * d * d + 4 * B * n * d * d,
+         "keys and values project the target's n positions"),
+        (lambda B, n, S, d, f: decoder_layer_flops(B, n, S, d, f) - 4 * B * n * S * d + 4 * B * n * n * d,
+         "run over n keys"),
+        (lambda B, n, S, d, f: decoder_layer_flops(B, n, S, d, f) - 4 * B * n * d * d - 4 * B * S * d * d
+         - 4 * B * n * S * d, "the cross-attention is missing"),
+        (lambda B, n, S, d, f: decoder_layer_flops(B, n, S, d, f) - 4 * B * S * d * d,
+         "projection of the memory .* is missing"),
+        (lambda B, n, S, d, f: decoder_layer_flops(B, n, S, d, f) - 4 * B * n * S * d,
+         "scores and weighted sum .* are missing"),
+        (lambda B, n, S, d, f: decoder_layer_flops(B, n, S, d, f) - 2 * B * S * d * d, "W_q, W_k, W_v and W_o"),
+        (lambda B, n, S, d, f: decoder_layer_flops(B, n, S, d, f) - 4 * B * n * d * f, "feed-forward network"),
+        (lambda B, n, S, d, f: decoder_layer_flops(1, n, S, d, f), "the batch size is missing"),
+        (lambda *a: decoder_layer_flops(*a) + 1, "off by \\+1"),
+    ], prints="check_decoder_layer_flops: correct"),
     grader_row(check_encoder_layer_flops, correct=[encoder_layer_flops, lambda *a: torch.tensor(encoder_layer_flops(*a))], mistakes=[
         (multiplications_only, "half: a product"),
         (no_n_squared_terms, "the n\\^2 terms .* are missing"),
@@ -132,6 +172,8 @@ GRADERS = [
         (lambda d, f: (24 * d + 12 * f) / 16, "recomputes both n\\^2 products"),
         (lambda d, f: (24 * d + 12 * f) / 7, "counts the forward pass's n\\^2 term as 2 n\\^2 d"),
         (lambda d, f: 1.01 * (12 * d + 6 * f) / 7, "off by"),
+        (lambda d, f: math.ceil((12 * d + 6 * f) / 7), "return the exact real n"),
+        (lambda d, f: round((12 * d + 6 * f) / 7), "return the exact real n"),
         (lambda d, f: None, "must be one number"),
     ], prints="check_training_crossover: correct"),
     grader_row(check_cached_decode_flops, correct=[cached_decode_flops,
@@ -149,5 +191,7 @@ GRADERS = [
         (with_generator, "adds the generator"),
         (without_cache, "decoding without the cache"),
         (lambda *a: cached_decode_flops(*a) + 1000, "off by \\+1,000"),
+        (lambda c, B, S, T: cached_decode_flops(c, 1, S, T), "the batch size is missing"),
+        (self_projection_short, "off by -"),            # not the memory's projection: the first case has T != 2 S
     ], prints="check_cached_decode_flops: correct"),
 ]

@@ -84,9 +84,8 @@ def check_cls_at_end(fn, pad_id: int = 0, cls_id: int = 1) -> None:
             b = int((at != want).nonzero()[0])
             n = int(want[b])
             if (at == S).all():
-                raise AssertionError(f"your [CLS] sits after the padding (column {S} in every row): its position, "
-                                     "and so its positional encoding and its output, then depends on how much "
-                                     "padding the batch needed; put it right after the last real token")
+                raise AssertionError(f"your [CLS] sits after the padding (column {S} in every row, whatever each "
+                                     "row's length): put it right after each row's last real token")
             if (at == 0).all():
                 raise AssertionError("your [CLS] is at the start of every row: this exercise puts it at the end, "
                                      "right after the last real token")

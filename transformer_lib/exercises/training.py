@@ -268,7 +268,8 @@ def check_cosine_lr(fn, below_tenth=None) -> None:
         want = next(s for s in range(101, 2001) if _cosine(s, 2000, 100, 1.0) < 0.1)
         got = number(below_tenth, "below_tenth")
         if got != want:
-            hints = {want - 1: "that is the last step at or above a tenth; the question asks for the first below it",
+            hints = {want - 1: "at that step the chapter's schedule is still at or above a tenth of the peak (as if "
+                               "your cosine reached 0 one step early)",
                      next(s for s in range(101, 2001) if (2000 - s) / 1900 < 0.1):
                          "that is the linear decay's step (warmup_linear_scheduler): the cosine falls faster",
                      next(s for s in range(101, 2001) if _cosine(s, 2000, 100, 1.0, span=2000) < 0.1):
