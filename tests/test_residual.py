@@ -140,7 +140,11 @@ def test_layer_norm_initial_parameters_and_statistics():
 
 
 def test_layer_norm_is_per_position_and_scale_invariant():
-    norm = random_affine(LayerNorm(16).to(**F64))
+    # Invariant up to eps: with eps = 1e-5 and a variance of 100, norm(100 x) and norm(x) differ by about
+    # eps / (2 var) = 5e-8 relative, so the invariance is tested at eps = 1e-12 (it failed on a draw with an
+    # output near 0, where allclose's rtol does not help, once other tests changed the global random state).
+    torch.manual_seed(0)
+    norm = random_affine(LayerNorm(16, eps=1e-12).to(**F64))
     x = 10 * torch.randn(3, 7, 16, **F64)
     y = norm(x)
     assert torch.equal(norm(x[1:2, 2:5]), y[1:2, 2:5])          # no other position takes part
