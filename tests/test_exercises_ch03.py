@@ -10,54 +10,15 @@ from helpers import Call, grader_row
 
 from transformer_lib.exercises.positional import (
     check_learned_positions,
-    check_offset_distances,
     check_pe_recurrence,
     check_rotary,
     check_smallest_base,
 )
 from transformer_lib.positional import sinusoidal_encoding
 
-# --- check_offset_distances (an exercise of an earlier edition; the grader stays in the library)
 
 def _omega(d_model, base, exponent=2, dtype=torch.float64):
     return base ** (-exponent * torch.arange(d_model // 2, dtype=dtype) / d_model)
-
-
-def distances(k, d_model, base):
-    return (d_model - 2 * torch.cos(k[:, None] * _omega(d_model, base)).sum(1)).clamp(min=0).sqrt()
-
-
-def distances_from_tables(k, d_model, base):                    # built from the table itself, in float32
-    n = int(k.max()) + 1
-    angles = torch.arange(n, dtype=torch.float64)[:, None] * _omega(d_model, base)
-    pe = torch.stack([angles.sin(), angles.cos()], -1).flatten(1).float()
-    return (pe[k.long()] - pe[0]).norm(dim=1)
-
-
-def squared(k, d_model, base):
-    return distances(k, d_model, base) ** 2
-
-
-def dot_product(k, d_model, base):
-    return torch.cos(k[:, None] * _omega(d_model, base)).sum(1)
-
-
-def base_ignored(k, d_model, base):
-    return distances(k, d_model, 10000.0)
-
-
-def exponent_i(k, d_model, base):
-    return (d_model - 2 * torch.cos(k[:, None] * _omega(d_model, base, exponent=1)).sum(1)).clamp(min=0).sqrt()
-
-
-def factor_2_missing(k, d_model, base):
-    return (d_model - torch.cos(k[:, None] * _omega(d_model, base)).sum(1)).clamp(min=0).sqrt()
-
-
-def test_offset_distances_equal_the_library_table():
-    pe = sinusoidal_encoding(300, 64, dtype=torch.float64)
-    k = torch.arange(1, 300, dtype=torch.float64)
-    torch.testing.assert_close(distances(k, 64, 10000.0), (pe[1:] - pe[0]).norm(dim=1))
 
 
 # --- exercise 3: check_learned_positions
@@ -316,15 +277,6 @@ GRADERS = [
         (lambda n, d: float(math.ceil(smallest_base(n, d))), "return the exact real base"),
         (lambda n, d: float(round(smallest_base(n, d))), "return the exact real base"),
     ]),
-    grader_row(check_offset_distances, correct=[distances, distances_from_tables], mistakes=[
-        (squared, "squared distance"),
-        (dot_product, "that is f"),
-        (base_ignored, "use the base"),
-        (exponent_i, "exponent must be 2i/d_model"),
-        (factor_2_missing, "factor 2 is missing"),
-        (lambda k, d_model, base: distances(k, d_model, base)[:10], "one distance per offset"),
-    ], prints=["base 10000: max over k <= 50 5.91, min over k >= 300 5.99",
-               "base 100: max over k <= 50 8.12, min over k >= 300 6.46"]),
     grader_row(check_learned_positions, correct=[LearnedPositionalEncoding, LearnedParameter64], mistakes=[
         (PositionsOnly, "position vectors alone"),
         (IndexedByBatch, "not along the batch axis"),
