@@ -216,8 +216,8 @@ def check_token_mean_loss(fn, dtype=torch.float64, seed: int = 0) -> None:
         "ranks with fewer tokens weigh more: in the gradient DDP averages, a token of a short shard counts more "
         "than a token of a long shard, so the average is not one process's token-mean gradient (section 13.3)":
             lambda s, n, N, W: s / n,
-        "the gradient is world_size times too small: DDP averages (divides by W) the ranks' gradients, so "
-        "multiply each rank's sum by world_size before dividing by n_global": lambda s, n, N, W: s / N,
+        "the averaged gradient points the right way, but it is only a fraction of one process's token-mean "
+        "gradient, and the more ranks, the smaller the fraction": lambda s, n, N, W: s / N,
         "the sum is not normalised: divide it by the global token count n_global (times world_size, "
         "which DDP's average divides out)": lambda s, n, N, W: s,
         "per-rank mean times world_size: the token counts of the ranks still differ; use n_global":
