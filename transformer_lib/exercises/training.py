@@ -2,7 +2,7 @@
 
 # %% auto #0
 __all__ = ['check_label_smoothing', 'check_fixed_smoothing_loss', 'check_length_penalty', 'check_noam', 'check_cosine_lr',
-           'check_french_characters', 'check_cached_greedy']
+           'check_french_characters', 'check_cached_greedy', 'check_others_smoothing', 'check_tie_alpha']
 
 # %% ../../chapters/08_training.ipynb #c078
 import functools
@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .grading import close_to, grade, number
+from .grading import call_reader, close_to, grade, number
 from ..validation import checked
 
 
@@ -418,3 +418,113 @@ def check_cached_greedy(fn, max_new_tokens: int = 7) -> None:
                          f"{float(per_step[first]):.2g}" + (" (steps before it agree)" if first else "") +
                          (f"; {hint}" if hint else ""))
 
+
+# %% ../../chapters/08_training.ipynb #c078b
+def _per_token_smoothed(logits, target, q_true, q_other):
+    """-(q * log_softmax(logits)).sum(-1) for the target q with q_true at the target class and q_other at every
+    other class: (N, V), (N,) -> (N,)."""
+    logp = F.log_softmax(logits, -1)
+    q = torch.full_like(logp, q_other)
+    q[torch.arange(len(target)), target] = q_true
+    return -(q * logp).sum(-1)
+
+
+def _others_variants(logits, target, ls, pad_id) -> dict:
+    """The usual slips of exercise 1's smoothing (1 - eps at the target, eps / (V - 1) elsewhere). (N, V), (N,)."""
+    V, real = logits.size(-1), target != pad_id
+    right = _per_token_smoothed(logits, target, 1 - ls, ls / (V - 1))
+    return {
+        "that is the chapter's smoothing, eps / V on every class, the true one included; here the true class gets "
+        "exactly 1 - eps and each of the V - 1 other classes eps / (V - 1)":
+            nn.CrossEntropyLoss(label_smoothing=ls, ignore_index=pad_id)(logits, target),
+        "the true class gets 1 - eps + eps / (V - 1): eps / (V - 1) went to all V classes, so your target sums to "
+        "more than 1; spread eps over the V - 1 other classes only":
+            _per_token_smoothed(logits, target, 1 - ls + ls / (V - 1), ls / (V - 1))[real].mean(),
+        "each other class gets eps / V: the V - 1 other classes share eps, so each gets eps / (V - 1)":
+            _per_token_smoothed(logits, target, 1 - ls, ls / V)[real].mean(),
+        "the smoothing is missing (this is the plain cross-entropy)":
+            nn.CrossEntropyLoss(ignore_index=pad_id)(logits, target),
+        "padding positions are not ignored (average over target != pad_id only)": right.mean(),
+        "the mean runs over all B * T positions, padding included: the padding adds zeros but counts in the "
+        "denominator; divide the sum by the number of real targets": (right * real).sum() / len(target),
+    }
+
+
+def _others_floor(V, ls) -> float:
+    """The smallest per-token value of exercise 1's loss: the entropy of its target, in nats."""
+    return -(1 - ls) * math.log(1 - ls) - ls * math.log(ls / (V - 1))
+
+
+def check_others_smoothing(fn, floor=None, trials: int = 20) -> None:
+    """Exercise 1: test fn(logits (B, T, V), target (B, T), label_smoothing, pad_id) -> scalar, the cross-entropy
+    against a target with 1 - label_smoothing at the true class and label_smoothing / (V - 1) at each other class,
+    averaged over the non-padding positions, on random float64 batches (a float32 answer is accepted); and, if
+    given, floor(V, label_smoothing) -> the smallest value that loss can take per token. Names the mistake."""
+    gen = torch.Generator().manual_seed(1)
+    for trial in range(trials):
+        B, T, V = (int(torch.randint(lo, hi, (1,), generator=gen)) for lo, hi in ((1, 5), (2, 7), (3, 12)))
+        ls, pad_id = (0.1, 0.25, 0.5, 0.3)[trial % 4], trial % 3
+        logits = 3 * torch.randn(B, T, V, generator=gen, dtype=torch.float64)
+        target = torch.randint(0, V, (B, T), generator=gen)
+        target[0, 0] = (pad_id + 1) % V                        # at least one real token and one padding token
+        target[-1, -1] = pad_id
+        got = call_reader(fn, "your loss", logits.clone(), target.clone(), ls, pad_id)
+        if not isinstance(got, torch.Tensor) or got.numel() != 1:
+            raise AssertionError(f"expected a scalar tensor, got {type(got).__name__} "
+                                 f"{tuple(got.shape) if isinstance(got, torch.Tensor) else got!r}")
+        got = got.reshape(())
+        flat_logits, flat_target = logits.reshape(-1, V), target.reshape(-1)
+        want = _other_classes_variant(flat_logits, flat_target, ls, pad_id)
+        if close_to(got, want):
+            continue
+        hints = _others_variants(flat_logits, flat_target, ls, pad_id)
+        hint = next((h for h, v in hints.items() if close_to(got, v)), "")
+        raise AssertionError(f"B={B}, T={T}, V={V}, label_smoothing={ls}, pad_id={pad_id}: your loss is "
+                             f"{float(got):.6f}, " + (hint if hint else "not the cross-entropy against that target "
+                                                      "(1 - eps at the true class, eps / (V - 1) at each other)"))
+    msg = f"check_others_smoothing: right on {trials} random batches with padding"
+    if floor is not None:
+        mistakes = {
+            "that is the floor of the chapter's smoothing (eps / V on every class); this target has 1 - eps at the "
+            "true class and eps / (V - 1) at each other": lambda V, e: (
+                -(1 - e + e / V) * math.log(1 - e + e / V) - (V - 1) * e / V * math.log(e / V)),
+            "the true class's term -(1 - eps) log(1 - eps) is missing": lambda V, e: -e * math.log(e / (V - 1)),
+            "the other classes' term is missing: V - 1 classes of probability eps / (V - 1) add -eps log(eps / (V - 1))":
+                lambda V, e: -(1 - e) * math.log(1 - e),
+            "the other classes are counted V - 1 times too often: together they add -eps log(eps / (V - 1)), "
+            "not -(V - 1) eps log(eps / (V - 1))":
+                lambda V, e: -(1 - e) * math.log(1 - e) - (V - 1) * e * math.log(e / (V - 1)),
+            "that is in bits: the loss uses natural logarithms (nats)": lambda V, e: _others_floor(V, e) / math.log(2),
+            "the sign: an entropy is -sum q log q, which is >= 0": lambda V, e: -_others_floor(V, e),
+            "the floor is not 0 with smoothing: the loss is smallest when the model predicts q itself, and then it "
+            "is the entropy H(q) > 0": lambda V, e: 0.0,
+        }
+        cases = {f"floor(V={V}, label_smoothing={e})": (V, e) for V, e in ((30, 0.1), (5, 0.25), (100, 0.05), (3, 0.5))}
+        grade(floor, _others_floor, cases, mistakes, name="floor", says="your floor is {got:.6g}",
+              hint=" (the loss is smallest when the model predicts the target q itself: then it is q's entropy, "
+                   "in nats)")
+        msg += "; the floor is right for 4 vocabularies"
+    print(msg)
+
+
+def _tie_alpha(l1, n1, l2, n2) -> float:
+    return math.log(l2 / l1) / math.log((5 + n2) / (5 + n1))
+
+
+def check_tie_alpha(fn) -> None:
+    """Exercise 2: test fn(l1, n1, l2, n2) -> the alpha at which two finished hypotheses with log-probabilities
+    l1, l2 < 0 and lengths n1, n2 (EOS counted) get the same score log P / ((5 + |Y|) / 6) ** alpha."""
+    cases = {f"log P = {l1}, |Y| = {n1} against log P = {l2}, |Y| = {n2}": (l1, n1, l2, n2)
+             for l1, n1, l2, n2 in ((-2.0, 4, -3.1, 11), (-0.7, 12, -0.5, 3), (-5.5, 20, -9.0, 37), (-1.2, 1, -1.25, 2))}
+    mistakes = {
+        "one ratio is upside down (your alpha has the wrong sign): the scores are equal when "
+        "l2 / l1 = lp(n2) / lp(n1)": lambda l1, n1, l2, n2: -_tie_alpha(l1, n1, l2, n2),
+        "that is 1 / alpha: solving r ** alpha = q gives alpha = log q / log r": lambda *c: 1 / _tie_alpha(*c),
+        "the 5 of the penalty is missing: lp(|Y|) = ((5 + |Y|) / 6) ** alpha, so the ratio of the penalties is "
+        "((5 + n2) / (5 + n1)) ** alpha": lambda l1, n1, l2, n2: math.log(l2 / l1) / math.log(n2 / n1),
+        "no logarithms: solving r ** alpha = q gives alpha = log q / log r, not q / r":
+            lambda l1, n1, l2, n2: (l2 / l1) / ((5 + n2) / (5 + n1)),
+    }
+    grade(fn, _tie_alpha, cases, mistakes, name="tie_alpha", says="your alpha is {got:.6g}",
+          hint=": with it the two scores log P / lp differ; set l1 / lp(n1) = l2 / lp(n2) and solve for alpha")
+    print("check_tie_alpha: at your alpha the two hypotheses score the same, in 4 cases")
