@@ -13,7 +13,7 @@ They differ in exactly two places, each pinned by a test below:
    continuation counts; they differ only for an n-gram h c that occurs at the very start of the training tokens
    and nowhere else (nothing precedes it, so its continuation count is 0). There nltk's distribution no longer
    sums to 1, or it divides by zero when h itself occurs only there; ours stays a distribution
-   (test_corpus_start_is_where_nltk_differs). The comparison corpus therefore starts with a prefix that recurs.
+   (test_corpus_start_is_where_nltk_differs, test_corpus_start_breaks_nltks_normalisation). The comparison corpus therefore starts with a prefix that recurs.
 """
 
 import math
@@ -134,3 +134,14 @@ def test_nll_lower_order_and_discount():
 def test_bad_inputs(bad, match):
     with pytest.raises(ValueError, match=match):
         bad(torch.tensor(corpus(50)))
+
+
+def test_corpus_start_breaks_nltks_normalisation():
+    """Difference 2, the other case: 6 5 occurs only at position 0, 6 again later (in 4 6 0). nltk's N(6 .) counts
+    both 5 and 0 in raw counts, but only 6 0 has a token before it, so for the order-3 model nltk's p(. | 5 6), which
+    backs off to the context 6, sums to more than 1; ours counts N(6 .) in continuation counts and sums to 1."""
+    t = [6, 5] + corpus() + [4, 6, 0]
+    ours, theirs = NGramLM(torch.tensor(t), V, 3, D), nltk_model(t, 3)
+    nltk_total = sum(theirs.score(str(c), ["5", "6"]) for c in range(V))
+    assert nltk_total == pytest.approx(1 - D + D * 2, abs=1e-12)             # alpha(0) = 1 - D, gamma = 2 D / 1
+    assert abs(sum(ours.prob(c, (5, 6)) for c in range(V)) - 1) < 1e-12
