@@ -371,7 +371,7 @@ class NGramLM:
         return other
 
     def prob(self, c, context=()) -> float:
-        """p(c | context), context the ids before c (only its last order - 1 count)."""
+        """p(c | context): c an int id, context the int ids before it (a list or tuple; only its last order - 1 count)."""
         context = tuple(context)[max(0, len(context) - self.order + 1):] if self.order > 1 else ()
         p, D = 1 / self.V, self.D                                           # the uniform floor
         for k in range(len(context) + 1):                                   # the empty context first
