@@ -396,7 +396,7 @@ def kv_cache_matches_decode(dt):
     memory, mask = model.encode(src), model.make_src_mask(src)
     cache = dcd.KVCache(model, memory, mask)
     steps = torch.stack([cache.step(tgt[:, i]) for i in range(4)], 1)
-    torch.testing.assert_close(steps, model.generator(model.decode(tgt, memory, mask)))
+    torch.testing.assert_close(steps, model.lm_head(model.decode(tgt, memory, mask)))
 
 
 def checkpoint_round_trip():

@@ -483,7 +483,7 @@ def gpt_block_ok(dt):
                                eps=1e-3)
     torch.manual_seed(0)
     block = gpt_mod.gpt_block(config).to(dt).eval()
-    assert block.cross_attn is None and block.sublayer1.norm.eps == 1e-3
+    assert block.cross_attn is None and block.self_attn_residual.norm.eps == 1e-3
     x = rand(1, 4, D, dt=dt)
     y = x.clone()
     y[:, 3] += 1.0
@@ -492,8 +492,8 @@ def gpt_block_ok(dt):
     torch.testing.assert_close(a[:, :3], b[:, :3], rtol=0, atol=0)
     assert not torch.equal(a[:, 3], b[:, 3])
     with torch.no_grad():                                        # pre-norm: x + attn(norm(x)) + ffn(norm(.))
-        h = x + block.self_attn(*[block.sublayer1.norm(x)] * 3, mask)[0]
-        want = h + block.feed_forward(block.sublayer2.norm(h))
+        h = x + block.self_attn(*[block.self_attn_residual.norm(x)] * 3, mask)[0]
+        want = h + block.feed_forward(block.feed_forward_residual.norm(h))
     torch.testing.assert_close(a, want)
 
 

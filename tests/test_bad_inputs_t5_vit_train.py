@@ -387,11 +387,11 @@ def vit(num_classes=3):
 
 
 def t5_hf_names_ok():
-    """One entry per state_dict key; their layer.j of a block is our sublayer{j + 1}."""
+    """One entry per state_dict key; their layer.j of a block is our j-th residual."""
     model = t5(torch.float64)
     names = t5_mod.t5_hf_names(model)
     assert set(names) == set(model.state_dict())
-    assert names["encoder.layers.0.sublayer2.norm.weight"] == "encoder.block.0.layer.1.layer_norm.weight"
+    assert names["encoder.layers.0.feed_forward_residual.norm.weight"] == "encoder.block.0.layer.1.layer_norm.weight"
     assert names["decoder.layers.0.cross_attn.W_k.weight"] == "decoder.block.0.layer.1.EncDecAttention.k.weight"
     assert names["decoder.layers.0.feed_forward.linear2.weight"] == "decoder.block.0.layer.2.DenseReluDense.wo.weight"
 

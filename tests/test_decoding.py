@@ -33,7 +33,7 @@ def random_model(vocab=9, seed=0, peaky=2.0, dtype=torch.float64, **overrides):
                tie_embeddings=False, max_len=128)
     cfg.update(overrides)
     model = Transformer(TransformerConfig(vocab, vocab, **cfg)).to(dtype).eval()
-    nn.init.normal_(model.generator.weight, std=peaky)
+    nn.init.normal_(model.lm_head.weight, std=peaky)
     return model
 
 
@@ -52,8 +52,8 @@ def never_ending_model(token=5, **overrides):
     with torch.no_grad():
         model.decoder.norm.weight.zero_()
         model.decoder.norm.bias.fill_(1.0)
-        model.generator.weight.zero_()
-        model.generator.weight[token] = 1.0
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[token] = 1.0
     return model
 
 
@@ -86,7 +86,7 @@ def test_kv_cache_step_by_step_against_decode():
     memory = model.encode(src, mask)
     tgt = torch.randint(0, 9, (4, 10), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        full = model.generator(model.decode(tgt, memory, mask))        # no tgt_mask: the decoder is causal
+        full = model.lm_head(model.decode(tgt, memory, mask))        # no tgt_mask: the decoder is causal
         cache = KVCache(model, memory, mask)
         for t in range(10):
             assert cache.t == t
@@ -168,8 +168,8 @@ def test_greedy_stops_at_eos_and_pads():
         assert EOS not in row[:n - 1] and all(t == PAD for t in row[n:])   # PAD after the first EOS
     assert torch.allclose(scores, sequence_scores(model, src, mask, out, **IDS), rtol=0, atol=1e-12)
     with torch.no_grad():
-        model.generator.weight.zero_()
-        model.generator.weight[EOS] = 1.0               # logit of EOS = sum of the final hidden state ...
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[EOS] = 1.0               # logit of EOS = sum of the final hidden state ...
         model.decoder.norm.bias.fill_(10.0)             # ... which this makes large: EOS wins at once
     out, scores = greedy_decode(model, src, mask, **IDS)
     assert out.shape == (6, 1) and (out == EOS).all()
@@ -356,8 +356,8 @@ def test_beam_search_stops_once_no_open_hypothesis_can_win(monkeypatch):
     with torch.no_grad():
         model.decoder.norm.weight.zero_()
         model.decoder.norm.bias.fill_(1.0)
-        model.generator.weight.zero_()
-        model.generator.weight[EOS] = 30.0
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[EOS] = 30.0
     src, mask = random_source(B=3, seed=5)
     steps = []
     step = KVCache.step

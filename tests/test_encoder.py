@@ -278,8 +278,8 @@ def reference(layer, x, mask):
     """The exercise's answer: the layer composed from its parts (calling layer(x, mask) is refused)."""
     def attend(y):
         return layer.self_attn(y, y, y, mask)[0]
-    norm1, norm2 = layer.sublayer1.norm, layer.sublayer2.norm
-    if layer.sublayer1.norm_first:
+    norm1, norm2 = layer.self_attn_residual.norm, layer.feed_forward_residual.norm
+    if layer.self_attn_residual.norm_first:
         x = x + attend(norm1(x))
         return x + layer.feed_forward(norm2(x))
     x = norm1(x + attend(x))
@@ -287,8 +287,8 @@ def reference(layer, x, mask):
 
 
 def always_post_norm(layer, x, mask):
-    x = layer.sublayer1.norm(x + layer.self_attn(x, x, x, mask)[0])
-    return layer.sublayer2.norm(x + layer.feed_forward(x))
+    x = layer.self_attn_residual.norm(x + layer.self_attn(x, x, x, mask)[0])
+    return layer.feed_forward_residual.norm(x + layer.feed_forward(x))
 
 
 def no_mask(layer, x, mask):
@@ -298,11 +298,11 @@ def no_mask(layer, x, mask):
 def no_residual(layer, x, mask):
     def attend(y):
         return layer.self_attn(y, y, y, mask)[0]
-    if layer.sublayer1.norm_first:
-        x = attend(layer.sublayer1.norm(x))
-        return x + layer.feed_forward(layer.sublayer2.norm(x))
-    x = layer.sublayer1.norm(attend(x))
-    return layer.sublayer2.norm(x + layer.feed_forward(x))
+    if layer.self_attn_residual.norm_first:
+        x = attend(layer.self_attn_residual.norm(x))
+        return x + layer.feed_forward(layer.feed_forward_residual.norm(x))
+    x = layer.self_attn_residual.norm(attend(x))
+    return layer.feed_forward_residual.norm(x + layer.feed_forward(x))
 
 
 def test_check_encoder_layer_accepts_the_reference(capsys):

@@ -72,13 +72,13 @@ def layer_norm32(x, gamma, beta, eps):
 def encoder_layer32(layer, x, mask):
     import copy
     layer = copy.deepcopy(layer).float()
-    a = layer.sublayer1
+    a = layer.self_attn_residual
     x = x.float()
     if a.norm_first:
         x = x + layer.self_attn(*(3 * [a.norm(x)]), mask)[0]
-        return x + layer.feed_forward(layer.sublayer2.norm(x))
+        return x + layer.feed_forward(layer.feed_forward_residual.norm(x))
     x = a.norm(x + layer.self_attn(x, x, x, mask)[0])
-    return layer.sublayer2.norm(x + layer.feed_forward(x))
+    return layer.feed_forward_residual.norm(x + layer.feed_forward(x))
 
 
 def label_smoothing32(logits, target, label_smoothing, pad_id):
@@ -154,8 +154,8 @@ def encoder_layer_shortcut(layer, x, mask):
 
 
 def encoder_layer_through_sublayers(layer, x, mask):
-    x = layer.sublayer1(x, lambda y: layer.self_attn(y, y, y, mask)[0])
-    return layer.sublayer2(x, layer.feed_forward)
+    x = layer.self_attn_residual(x, lambda y: layer.self_attn(y, y, y, mask)[0])
+    return layer.feed_forward_residual(x, layer.feed_forward)
 
 
 def encoder_layer_hidden_shortcut(layer, x, mask):
@@ -166,7 +166,7 @@ def encoder_layer_hidden_shortcut(layer, x, mask):
 
 
 @pytest.mark.parametrize("answer, called", [(encoder_layer_shortcut, r"layer\(\.\.\.\)"),
-                                            (encoder_layer_through_sublayers, r"layer\.sublayer1\(\.\.\.\)"),
+                                            (encoder_layer_through_sublayers, r"layer\.self_attn_residual\(\.\.\.\)"),
                                             (encoder_layer_hidden_shortcut, r"layer\(\.\.\.\)")],
                          ids=["layer(x, mask)", "sublayers", "caught-by-the-reader"])
 def test_check_encoder_layer_refuses_the_forbidden_calls(answer, called):

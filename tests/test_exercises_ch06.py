@@ -15,8 +15,8 @@ from transformer_lib.exercises.encoder import (
 # --- exercise 1: the encoder layer written by hand
 
 def my_encoder_layer(layer, x, mask, norm_first=None, residual=(True, True)):
-    norm_first = layer.sublayer1.norm_first if norm_first is None else norm_first
-    norm1, norm2 = layer.sublayer1.norm, layer.sublayer2.norm
+    norm_first = layer.self_attn_residual.norm_first if norm_first is None else norm_first
+    norm1, norm2 = layer.self_attn_residual.norm, layer.feed_forward_residual.norm
 
     def attend(y):
         return layer.self_attn(y, y, y, mask)[0]

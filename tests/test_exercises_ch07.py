@@ -120,13 +120,13 @@ def prefix_pads_visible(tokens, prefix_len, pad_id):
 def two_way_tied(state_dict, config):
     model = Transformer(config)
     model.load_state_dict(state_dict)
-    model.generator.weight = model.tgt_embed.embedding.weight
+    model.lm_head.weight = model.tgt_embed.embedding.weight
     return model
 
 
 def tied_then_loaded(state_dict, config):                  # load_state_dict writes the generator's values last
     model = Transformer(config)
-    model.generator.weight = model.tgt_embed.embedding.weight
+    model.lm_head.weight = model.tgt_embed.embedding.weight
     model.load_state_dict(state_dict)
     return model
 
@@ -134,20 +134,20 @@ def tied_then_loaded(state_dict, config):                  # load_state_dict wri
 def tied_the_other_way(state_dict, config):                # the shared matrix keeps the generator's values
     model = Transformer(config)
     model.load_state_dict(state_dict)
-    model.tgt_embed.embedding.weight = model.generator.weight
+    model.tgt_embed.embedding.weight = model.lm_head.weight
     return model
 
 
 def not_loaded(state_dict, config):
     model = Transformer(config)
-    model.generator.weight = model.tgt_embed.embedding.weight
+    model.lm_head.weight = model.tgt_embed.embedding.weight
     return model
 
 
 def target_side_only(state_dict, config):                  # the rest of the checkpoint left out
     model = Transformer(config)
     model.tgt_embed.embedding.weight.data.copy_(state_dict["tgt_embed.embedding.weight"])
-    model.generator.weight = model.tgt_embed.embedding.weight
+    model.lm_head.weight = model.tgt_embed.embedding.weight
     return model
 
 
@@ -155,7 +155,7 @@ def copied_values(state_dict, config):
     model = Transformer(config)
     model.load_state_dict(state_dict)
     with torch.no_grad():
-        model.generator.weight.copy_(model.tgt_embed.weight)
+        model.lm_head.weight.copy_(model.tgt_embed.weight)
     return model
 
 
@@ -170,9 +170,9 @@ def tied_to_source(state_dict, config):
     model = Transformer(config)
     model.load_state_dict(state_dict)
     if config.src_vocab_size == config.tgt_vocab_size:
-        model.generator.weight = model.src_embed.embedding.weight
+        model.lm_head.weight = model.src_embed.embedding.weight
     else:
-        model.generator.weight = model.tgt_embed.embedding.weight
+        model.lm_head.weight = model.tgt_embed.embedding.weight
     return model
 
 
@@ -182,7 +182,7 @@ def embeddings_tied(state_dict, config):                   # source = target emb
     if config.src_vocab_size == config.tgt_vocab_size:
         model.src_embed.embedding.weight = model.tgt_embed.embedding.weight
     else:
-        model.generator.weight = model.tgt_embed.embedding.weight
+        model.lm_head.weight = model.tgt_embed.embedding.weight
     return model
 
 
@@ -258,13 +258,13 @@ GRADERS = [
         (three_way, "all three matrices are one"),
         (tied_to_source, "SOURCE embedding"),
         (embeddings_tied, "source and target embeddings are one matrix"),
-        (tied_then_loaded, "holds the checkpoint's generator.weight.*tied before load_state_dict"),
-        (tied_the_other_way, "holds the checkpoint's generator.weight"),
+        (tied_then_loaded, "holds the checkpoint's lm_head.weight.*tied before load_state_dict"),
+        (tied_the_other_way, "holds the checkpoint's lm_head.weight"),
         (not_loaded, "was the checkpoint loaded"),
         (target_side_only, "is not the checkpoint's: load every weight"),
         (lambda sd, c: Transformer(TransformerConfig(c.src_vocab_size, c.src_vocab_size)), "nothing is shared|parameters"),
         (lambda sd, c: "a model", "must return this book's Transformer"),
-    ], prints="check_two_way_tying: the generator shares"),
+    ], prints="check_two_way_tying: the output layer shares"),
     grader_row(check_future_mask, correct=[fixed_future_mask, lambda T: torch.ones(T, T, dtype=torch.bool).tril()], mistakes=[
         (sees_the_next_token, "position 0 sees position 1: your mask leaks the next token"),
         (cannot_see_itself, "position 0 cannot see itself.*attends to nothing"),

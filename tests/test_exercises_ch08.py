@@ -205,7 +205,7 @@ def _greedy(model, src, max_new_tokens, offset, use_cache=True, positions=True, 
         if positions:
             x = model.pos_encoding(x, offset(t))
         h = model.decoder(x, memory, src_mask if mask else None, None, cache)
-        step = model.generator(h[:, -1])                                    # (B, V)
+        step = model.lm_head(h[:, -1])                                    # (B, V)
         step = step if dtype is None else step.to(dtype)
         token = step.argmax(-1)
         tokens.append(token)

@@ -188,7 +188,7 @@ GRADERS = [
         (no_ffn_decode, "feed-forward network"),
         (lambda *a: cached_decode_flops(*a) / 2, "half"),
         (encoder_layers, "counts the encoder's layers"),
-        (with_generator, "adds the generator"),
+        (with_generator, "adds the output layer"),
         (without_cache, "decoding without the cache"),
         (lambda *a: cached_decode_flops(*a) + 1000, "off by \\+1,000"),
         (lambda c, B, S, T: cached_decode_flops(c, 1, S, T), "the batch size is missing"),

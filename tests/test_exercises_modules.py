@@ -171,7 +171,8 @@ def test_copy_weights_by_name_by_order_and_by_sub_module():
     assert mapping["linears.0.weight"] == "W_q.weight" and mapping["linears.3.bias"] == "W_o.bias"
     block = NanoBlock(8, 2, 16).double()
     mapping = copy_weights(book, block)
-    assert mapping["ln_1.weight"] == "sublayer1.norm.weight" and mapping["ln_2.bias"] == "sublayer2.norm.bias"
+    assert mapping["ln_1.weight"] == "self_attn_residual.norm.weight"
+    assert mapping["ln_2.bias"] == "feed_forward_residual.norm.bias"
     assert mapping["attn.linears.2.weight"] == "self_attn.W_v.weight"
     assert mapping["mlp.2.weight"] == "feed_forward.linear2.weight"
     assert torch.equal(block.mlp[0].weight, book.feed_forward.linear1.weight)

@@ -215,9 +215,9 @@ def test_bad_options_are_named():
 def test_swiglu_is_the_gated_ffn():
     ffn = PositionwiseFeedForward(8, 12, dropout=0.0, activation="silu", bias=False, gated=True).double()
     x = torch.randn(3, 8, dtype=F64)
-    want = (F.silu(x @ ffn.linear1.weight.T) * (x @ ffn.linear_v.weight.T)) @ ffn.linear2.weight.T
+    want = (F.silu(x @ ffn.linear1.weight.T) * (x @ ffn.linear_up.weight.T)) @ ffn.linear2.weight.T
     assert max_diff(ffn(x), want) < 1e-14
-    assert PositionwiseFeedForward(8, 12).linear_v is None
+    assert PositionwiseFeedForward(8, 12).linear_up is None
 
 
 def tiled_case(B, h, n_q, n_k, d, block, causal=False, mask=None, seed=0):

@@ -32,7 +32,7 @@ def small_config(**overrides):
 def reference_logits(model, src, tgt):
     """nn.Transformer plus the paper's embedding and output formulas, independent of Transformer.forward."""
     c = model.config
-    E_src, E_tgt, W = model.src_embed.weight, model.tgt_embed.weight, model.generator.weight
+    E_src, E_tgt, W = model.src_embed.weight, model.tgt_embed.weight, model.lm_head.weight
     pe = sinusoidal_encoding(max(src.size(1), tgt.size(1)), c.d_model).to(DT)
     x = E_src[src] * math.sqrt(c.d_model) + pe[:src.size(1)]
     y = E_tgt[tgt] * math.sqrt(c.d_model) + pe[:tgt.size(1)]
@@ -108,7 +108,7 @@ def test_encode_decode_compose_to_forward():
     assert memory.shape == (2, 6, 32)
     hidden = model.decode(tgt, memory, src_mask, tgt_mask)
     assert hidden.shape == (2, 5, 32)
-    torch.testing.assert_close(model.generator(hidden), model(src, tgt, src_mask, tgt_mask), rtol=0, atol=0)
+    torch.testing.assert_close(model.lm_head(hidden), model(src, tgt, src_mask, tgt_mask), rtol=0, atol=0)
     with attention_maps(model) as maps:
         memory_w = model.encode(src, src_mask)
         hidden_w = model.decode(tgt, memory_w, src_mask, tgt_mask)
@@ -226,14 +226,14 @@ def test_appending_source_padding_changes_no_logit(lengths, extra, T):
 
 def test_three_way_tying_shares_one_matrix_and_its_gradient():
     model = Transformer(small_config())
-    assert model.src_embed.weight is model.tgt_embed.weight is model.generator.weight
+    assert model.src_embed.weight is model.tgt_embed.weight is model.lm_head.weight
     src, tgt = tokens(2, 4, 50, seed=9), tokens(2, 3, 50, seed=10)
     model(src, tgt).sum().backward()
-    grad = model.generator.weight.grad
+    grad = model.lm_head.weight.grad
     assert grad is not None and grad.shape == (50, 32)
     untied = Transformer(small_config(tie_embeddings=False, tgt_vocab_size=60))
     assert untied.src_embed.weight.shape == (50, 32) and untied.tgt_embed.weight.shape == (60, 32)
-    assert untied.generator.weight.data_ptr() != untied.tgt_embed.weight.data_ptr()
+    assert untied.lm_head.weight.data_ptr() != untied.tgt_embed.weight.data_ptr()
 
 
 def test_initialization_gives_unit_scale_embeddings_and_logits():

@@ -112,7 +112,7 @@ def test_src_mask_none_masks_the_padding_in_forward_and_encode(family):
         memory = model.encode(src)
         with pytest.raises(ValueError, match="src_mask is required"):
             model.decode(tgt, memory, None)
-        assert torch.equal(model.generator(model.decode(tgt, memory, explicit)), model(src, tgt))
+        assert torch.equal(model.lm_head(model.decode(tgt, memory, explicit)), model(src, tgt))
 
 
 @pytest.mark.parametrize("model_fn", [lambda: BertModel(bert_config()), lambda: BertForMaskedLM(bert_config()),

@@ -201,12 +201,12 @@ class Block(nn.Module):
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout)
         self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout=dropout)
-        self.sublayer1 = SublayerConnection(d_model, dropout, norm_first)
-        self.sublayer2 = SublayerConnection(d_model, dropout, norm_first)
+        self.self_attn_residual = SublayerConnection(d_model, dropout, norm_first)
+        self.feed_forward_residual = SublayerConnection(d_model, dropout, norm_first)
 
     def forward(self, x, mask=None):
-        x = self.sublayer1(x, lambda y: self.self_attn(y, y, y, mask)[0])
-        return self.sublayer2(x, self.feed_forward)
+        x = self.self_attn_residual(x, lambda y: self.self_attn(y, y, y, mask)[0])
+        return self.feed_forward_residual(x, self.feed_forward)
 
 
 D, H, D_FF, B, N = 32, 4, 128, 3, 7
@@ -227,8 +227,8 @@ def block_pair(norm_first, dropout=0.0, seed=0):
             W.bias.copy_(b)
         attn.W_o.load_state_dict(ref.self_attn.out_proj.state_dict())
     block.feed_forward.load_state_dict({k: v for k, v in ref.state_dict().items() if k.startswith("linear")})
-    block.sublayer1.norm.load_state_dict(ref.norm1.state_dict())
-    block.sublayer2.norm.load_state_dict(ref.norm2.state_dict())
+    block.self_attn_residual.norm.load_state_dict(ref.norm1.state_dict())
+    block.feed_forward_residual.norm.load_state_dict(ref.norm2.state_dict())
     return block, ref
 
 
@@ -248,7 +248,7 @@ def test_two_sublayer_connections_are_torch_encoder_layer(norm_first, mask_kind)
     assert (ours - theirs).abs().max().item() <= TOL
     (ours * theirs.detach()).sum().backward()
     (theirs * theirs.detach()).sum().backward()
-    assert (block.sublayer2.norm.weight.grad - ref.norm2.weight.grad).abs().max().item() <= TOL
+    assert (block.feed_forward_residual.norm.weight.grad - ref.norm2.weight.grad).abs().max().item() <= TOL
     assert (block.feed_forward.linear1.weight.grad - ref.linear1.weight.grad).abs().max().item() <= TOL
 
 

@@ -390,7 +390,7 @@ def test_load_hf_t5_copies_the_weights_by_name():
     ours, hf = hf_pair(seed=5)
     block = hf.decoder.block[2]
     pairs = [(ours.decoder.layers[2].cross_attn.W_k.weight, block.layer[1].EncDecAttention.k.weight),
-             (ours.decoder.layers[2].sublayer2.norm.weight, block.layer[1].layer_norm.weight),
+             (ours.decoder.layers[2].cross_attn_residual.norm.weight, block.layer[1].layer_norm.weight),
              (ours.decoder.layers[2].feed_forward.linear2.weight, block.layer[2].DenseReluDense.wo.weight),
              (ours.encoder.layers[1].self_attn.W_q.weight, hf.encoder.block[1].layer[0].SelfAttention.q.weight),
              (ours.encoder_bias.table.weight,
@@ -865,6 +865,6 @@ def test_t5_has_the_transformers_encode_decode_generator_api():
         assert mask.shape == (2, 1, 1, 6) and torch.equal(mask[:, 0, 0], src != model.config.pad_id)
         hidden = model.decode(tgt, memory, mask)
         assert hidden.shape == (2, 4, model.config.d_model)
-        assert torch.equal(model.generator(hidden), model(src, tgt))
+        assert torch.equal(model.lm_head(hidden), model(src, tgt))
         with pytest.raises(ValueError, match="src_mask is required"):                      # no silent 'no mask'
             model.decode(tgt, memory, None)

@@ -353,7 +353,7 @@ def test_checkpoint_round_trip(tmp_path):
     src, tgt = torch.randint(1, 12, (3, 7)), torch.randint(1, 12, (3, 5))
     with torch.no_grad():
         assert torch.equal(model(src, tgt), restored(src, tgt))
-    assert restored.generator.weight is restored.src_embed.weight
+    assert restored.lm_head.weight is restored.src_embed.weight
     for (n1, p1), (n2, p2) in zip(model.state_dict().items(), restored.state_dict().items(), strict=True):
         assert n1 == n2 and torch.equal(p1, p2)
 
@@ -364,7 +364,7 @@ def test_a_flipped_bit_is_refused(tmp_path):
     path = tmp_path / "ckpt.pt"
     save_checkpoint(path, model)
     state = torch.load(path, weights_only=True)
-    state["state_dict"]["generator.weight"].view(torch.int32)[0, 0] ^= 1          # one bit of one weight
+    state["state_dict"]["lm_head.weight"].view(torch.int32)[0, 0] ^= 1          # one bit of one weight
     torch.save(state, path)
     with pytest.raises(ValueError, match=r"is corrupt: the SHA-256 of its contents"):
         load_checkpoint(path)

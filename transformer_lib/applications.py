@@ -520,7 +520,7 @@ def generate_no_repeat(model: T5, src, max_new_tokens: int, n: int = 3):
     out = torch.full((src.size(0), 1), c.pad_id, dtype=torch.long, device=src.device)   # the start token
     done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
     for _ in range(check_int("max_new_tokens", max_new_tokens)):
-        logits = model.generator(model.decode(out, memory, src_mask))[:, -1]  # (B, V): the next token's
+        logits = model.lm_head(model.decode(out, memory, src_mask))[:, -1]  # (B, V): the next token's
         for b, row in enumerate(out[:, 1:].tolist()):
             tail = tuple(row[len(row) - n + 1:]) if n > 1 else ()
             banned = [row[i + n - 1] for i in range(len(row) - n + 1) if tuple(row[i:i + n - 1]) == tail]

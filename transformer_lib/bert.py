@@ -20,7 +20,7 @@ from .feed_forward import ACTIVATIONS
 from .residual import LayerNorm
 from .hf import from_pretrained, hf_state_dict, load_by_names, save_by_names
 from .validation import (check_bool, check_config, check_float, check_int, check_mask, check_tensor,
-                                        check_token_ids, checked, checks_due, describe, holds, lookup)
+                                        check_token_ids, checked, checks_due, describe, holds, embedding_lookup)
 
 # %% ../chapters/10_encoder_only.ipynb #c031
 @dataclasses.dataclass
@@ -93,8 +93,8 @@ class BertEmbeddings(nn.Module):
         check_tensor("segment_ids", segment_ids, floating=False, shape_text="(B, length)")
         positions = torch.arange(S, device=tokens.device)         # 0 .. S-1, learned vectors
         # lookup = self.token(tokens), with a clear error for an id outside the table (Chapter 1)
-        x = (lookup(self.token, tokens, "tokens") + self.position(positions)
-             + lookup(self.segment, segment_ids, "segment_ids"))      # (B, S, d_model)
+        x = (embedding_lookup(self.token, tokens, "tokens") + self.position(positions)
+             + embedding_lookup(self.segment, segment_ids, "segment_ids"))      # (B, S, d_model)
         return self.dropout(self.norm(x))
 
 # %% ../chapters/10_encoder_only.ipynb #c033
@@ -246,10 +246,10 @@ def _hf_names(num_layers: int) -> dict:
                   ours + "self_attn.W_k": theirs + "attention.self.key",
                   ours + "self_attn.W_v": theirs + "attention.self.value",
                   ours + "self_attn.W_o": theirs + "attention.output.dense",
-                  ours + "sublayer1.norm": theirs + "attention.output.LayerNorm",
+                  ours + "self_attn_residual.norm": theirs + "attention.output.LayerNorm",
                   ours + "feed_forward.linear1": theirs + "intermediate.dense",
                   ours + "feed_forward.linear2": theirs + "output.dense",
-                  ours + "sublayer2.norm": theirs + "output.LayerNorm"}
+                  ours + "feed_forward_residual.norm": theirs + "output.LayerNorm"}
     return names
 
 

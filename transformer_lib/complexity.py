@@ -49,7 +49,7 @@ def transformer_params(config) -> int:
         stacks += 2 * layer_norm_params(d)
     if c.tie_embeddings:                                        # one V x d matrix embeds and projects
         embeddings = c.src_vocab_size * d
-    else:                                                       # source, target, generator
+    else:                                                       # source, target, output layer
         embeddings = (c.src_vocab_size + 2 * c.tgt_vocab_size) * d
     return stacks + embeddings
 
@@ -97,8 +97,8 @@ def transformer_flops(config, batch: int, src_len: int, tgt_len: int, backward: 
     d, d_ff = config.d_model, config.d_ff
     encoder_layer = mha_flops(B, S, S, d) + ffn_flops(B * S, d, d_ff)
     decoder_layer = mha_flops(B, T, T, d) + mha_flops(B, T, S, d) + ffn_flops(B * T, d, d_ff)
-    generator = linear_flops(B * T, d, config.tgt_vocab_size)
-    forward = config.num_encoder_layers * encoder_layer + config.num_decoder_layers * decoder_layer + generator
+    output_layer = linear_flops(B * T, d, config.tgt_vocab_size)
+    forward = config.num_encoder_layers * encoder_layer + config.num_decoder_layers * decoder_layer + output_layer
     if not backward:
         return forward
     attention = (config.num_encoder_layers * attention_flops(B, S, S, d)

@@ -43,9 +43,11 @@ class DecoderLayer(nn.Module):
         self.cross_attn = (MultiHeadAttention(d_model, num_heads, dropout, bias, scale)  # Q: target; K, V: memory
                            if check_bool("cross_attention", cross_attention) else None)
         self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout, activation, bias, gated)
-        # around self-attention, cross-attention and the FFN; without cross-attention (GPT-2) two sublayers
-        for i in range(1, 4 if cross_attention else 3):
-            self.add_module(f"sublayer{i}", SublayerConnection(d_model, dropout, norm_first, eps, norm))
+        # the residual connection (and its norm, dropout) around each sublayer, named by the sublayer it wraps
+        self.self_attn_residual = SublayerConnection(d_model, dropout, norm_first, eps, norm)
+        self.cross_attn_residual = (SublayerConnection(d_model, dropout, norm_first, eps, norm)
+                                    if cross_attention else None)             # none in a decoder-only model
+        self.feed_forward_residual = SublayerConnection(d_model, dropout, norm_first, eps, norm)
 
     def new_cache(self) -> tuple:
         """An empty cache for incremental decoding: the self-attention keys and values grow by the new
@@ -67,11 +69,10 @@ class DecoderLayer(nn.Module):
 
         def cross_attention(y):                                   # Q from the target; K, V from the source
             return self.cross_attn(y, memory, memory, src_mask, cache=cross_cache)[0]
-        x = self.sublayer1(x, self_attention)                     # (B, T, d_model)
-        if self.cross_attn is None:
-            return self.sublayer2(x, self.feed_forward)           # (B, T, d_model)
-        x = self.sublayer2(x, cross_attention)                    # (B, T, d_model)
-        return self.sublayer3(x, self.feed_forward)               # (B, T, d_model)
+        x = self.self_attn_residual(x, self_attention)            # (B, T, d_model)
+        if self.cross_attn is not None:
+            x = self.cross_attn_residual(x, cross_attention)      # (B, T, d_model)
+        return self.feed_forward_residual(x, self.feed_forward)   # (B, T, d_model)
 
     def check_inputs(self, x, memory=None, src_mask=None, tgt_mask=None, cache=None, attn_bias=None,
                      position_ids=None) -> None:

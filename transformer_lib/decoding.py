@@ -81,7 +81,7 @@ def greedy_decode(model, src, src_mask=None, *, bos_id: int, eos_id: int, pad_id
             if use_cache:
                 logits = cache.step(ys[:, -1])                           # (B, V): feed only the newest token
             else:
-                logits = model.generator(model.decode(ys, memory, src_mask)[:, -1])   # (B, V): the whole prefix
+                logits = model.lm_head(model.decode(ys, memory, src_mask)[:, -1])   # (B, V): the whole prefix
             next_token = logits.argmax(dim=-1).masked_fill(done, pad_id)   # (B,)
             logp = F.log_softmax(logits.double(), dim=-1).gather(1, next_token[:, None]).squeeze(1)
             logp_sum += logp.masked_fill(done, 0.0)
@@ -102,7 +102,7 @@ class KVCache:
     attends over all cached positions; the cross-attention projects the memory to keys and values once, on the
     first step, and reuses them. So it is Transformer.decode itself, one position at a time, not a copy of it.
     memory (B, S, d_model) from model.encode; src_mask bool (B|1, 1, 1, S), e.g. model.make_src_mask(src).
-    Needs model.eval(). model: any encoder-decoder with this API (encode, decode(..., cache=), generator,
+    Needs model.eval(). model: any encoder-decoder with this API (encode, decode(..., cache=), lm_head,
     decoder.new_cache(), config.tgt_vocab_size): the Transformer, and Chapter 12's T5."""
 
     def __init__(self, model, memory, src_mask):
@@ -132,7 +132,7 @@ class KVCache:
             if tokens.size(0) != B:
                 raise ValueError(f"tokens must have shape (B={B},) like memory, got {describe(tokens)}")
         hidden = self.model.decode(tokens[:, None], self.memory, self.src_mask, cache=self.layers)  # (B, 1, d)
-        return self.model.generator(hidden[:, -1])                       # (B, V)
+        return self.model.lm_head(hidden[:, -1])                       # (B, V)
 
     def reorder(self, index):
         """Select (and duplicate) batch rows of every cached tensor: cache[index]. Beam search needs it."""

@@ -32,8 +32,9 @@ class EncoderLayer(nn.Module):
         self.d_model = check_int("d_model", d_model)
         self.self_attn = MultiHeadAttention(d_model, num_heads, dropout, bias, scale)    # dropout on the weights
         self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout, activation, bias)  # dropout after it
-        self.sublayer1 = SublayerConnection(d_model, dropout, norm_first, eps, norm)     # around self-attention
-        self.sublayer2 = SublayerConnection(d_model, dropout, norm_first, eps, norm)     # around the FFN
+        # the residual connection (with its norm and dropout) around each sublayer, named by the sublayer it wraps
+        self.self_attn_residual = SublayerConnection(d_model, dropout, norm_first, eps, norm)
+        self.feed_forward_residual = SublayerConnection(d_model, dropout, norm_first, eps, norm)
 
     def forward(self, x, src_mask=None, attn_bias=None):
         if checks_due():              # called directly: check once, then run as a checked call (Chapter 1)
@@ -43,8 +44,8 @@ class EncoderLayer(nn.Module):
 
         def self_attention(y):                                    # queries, keys and values all come from y
             return self.self_attn(y, y, y, src_mask, attn_bias=attn_bias)[0]
-        x = self.sublayer1(x, self_attention)                     # (B, S, d_model)
-        return self.sublayer2(x, self.feed_forward)               # (B, S, d_model)
+        x = self.self_attn_residual(x, self_attention)            # (B, S, d_model)
+        return self.feed_forward_residual(x, self.feed_forward)   # (B, S, d_model)
 
     def check_inputs(self, x, src_mask=None, attn_bias=None) -> None:
         """The checks of forward (the stacks and models that call this layer run them once, at their door)."""

@@ -25,7 +25,7 @@ class PositionwiseFeedForward(nn.Module):
     activation: "relu" (the paper's max(0, .)), "gelu" or "gelu_tanh" (see ACTIVATIONS).
     bias=False drops b_1 and b_2 (T5, Chapter 12, has no biases anywhere).
     gated=True: a gated linear unit (Shazeer, 2020), FFN(x) = (act(x W_1) ⊙ x V) W_2, with a third matrix V
-    (linear_v); with activation="silu" this is SwiGLU, Llama's FFN (Chapter 14).
+    (linear_up); with activation="silu" this is SwiGLU, Llama's FFN (Chapter 14).
     """
 
     def __init__(self, d_model: int, d_ff: int, dropout: float = 0.1, activation: str = "relu",
@@ -37,7 +37,7 @@ class PositionwiseFeedForward(nn.Module):
         self.activation = activation
         self.linear1 = nn.Linear(d_model, d_ff, bias=check_bool("bias", bias))   # W_1, b_1 (weight stored as W_1ᵀ)
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)                       # W_2, b_2 (weight stored as W_2ᵀ: (d_model, d_ff))
-        self.linear_v = nn.Linear(d_model, d_ff, bias=bias) if check_bool("gated", gated) else None   # V (gated)
+        self.linear_up = nn.Linear(d_model, d_ff, bias=bias) if check_bool("gated", gated) else None   # V (gated)
         self.dropout = nn.Dropout(check_probability("dropout", dropout))
 
     def forward(self, x):
@@ -45,6 +45,6 @@ class PositionwiseFeedForward(nn.Module):
             check_tensor("x", x, last=self.d_model, floating=True, shape_text=f"(..., d_model={self.d_model})")
             check_same_dtype("the module", self.linear1.weight, x=x)
         hidden = ACTIVATIONS[self.activation](self.linear1(x))    # (..., d_ff)
-        if self.linear_v is not None:
-            hidden = hidden * self.linear_v(x)                    # (..., d_ff): the gate
+        if self.linear_up is not None:
+            hidden = hidden * self.linear_up(x)                    # (..., d_ff): the gate
         return self.linear2(self.dropout(hidden))                 # (..., d_model)

@@ -2,7 +2,7 @@
 
 # %% auto #0
 __all__ = ['TRAIN_MODULES', 'HELDOUT_MODULES', 'stdlib_sources', 'train_bpe', 'encode_modules', 'GPTConfig', 'gpt_block',
-           'decoder_door', 'GPT', 'gpt2_hf_names', 'load_hf_gpt2', 'to_hf_gpt2', 'TrigramLM', 'random_windows',
+           'check_decoder_inputs', 'GPT', 'gpt2_hf_names', 'load_hf_gpt2', 'to_hf_gpt2', 'TrigramLM', 'random_windows',
            'lm_loss', 'sequence_nll', 'ablate_heads', 'gpt2_from_pretrained', 'gpt2_greedy_continuation']
 
 # %% ../chapters/11_decoder_only.ipynb #c004
@@ -22,7 +22,7 @@ from .hf import HFTensor, from_pretrained, hf_state_dict, load_by_names, save_by
 from .residual import LayerNorm
 from .training import inference
 from .validation import (check_config, check_float, check_int, check_mask, check_position_ids,
-                                        check_tensor, check_token_ids, checked, checks_due, describe, lookup)
+                                        check_tensor, check_token_ids, checked, checks_due, describe, embedding_lookup)
 
 # %% ../chapters/11_decoder_only.ipynb #c007
 # Python's own standard library, split by file: the model never sees a held-out module.
@@ -116,7 +116,7 @@ def gpt_block(config: GPTConfig) -> DecoderLayer:
                         activation="gelu_tanh", eps=config.eps, cross_attention=False)
 
 # %% ../chapters/11_decoder_only.ipynb #c017
-def decoder_door(model, tokens, mask=None, cache=None, position_ids=None) -> tuple:
+def check_decoder_inputs(model, tokens, mask=None, cache=None, position_ids=None) -> tuple:
     """The checks at the door of a decoder-only model (GPT; Chapter 14's Llama): tokens (B, T) integer ids,
     cache None or model.new_cache(), the t cached + T new positions within model.config.max_len, mask None or
     bool (B|1, h|1, T|1, t + T), position_ids None or integer (B|1, T). -> (t, B, T). (Token ids are checked by the
@@ -174,13 +174,13 @@ class GPT(nn.Module):
         return [block.new_cache() for block in self.blocks]
 
     def forward(self, tokens, mask=None, cache=None, position_ids=None):
-        t, B, T = decoder_door(self, tokens, mask, cache, position_ids)
+        t, B, T = check_decoder_inputs(self, tokens, mask, cache, position_ids)
         if position_ids is None:
             positions = torch.arange(t, t + T, device=tokens.device)                  # (T,)
         else:
             positions = position_ids.to(tokens.device)                                # (B|1, T)
         try:                                  # the ranges are checked by the lookups, without a device read
-            x = lookup(self.token, tokens, "tokens") + self.position(positions)      # (B, T, d_model)
+            x = embedding_lookup(self.token, tokens, "tokens") + self.position(positions)      # (B, T, d_model)
         except IndexError:
             low, high = (int(v) for v in torch.aminmax(positions))
             raise ValueError(f"position_ids must lie in [0, max_len) = [0, {self.config.max_len}), got values "
@@ -210,9 +210,9 @@ def gpt2_hf_names(model: GPT) -> dict:
                              ("feed_forward.linear2", "mlp.c_proj")):
             names[o + ours + ".weight"] = HFTensor(h + theirs + ".weight", transposed=True)   # Conv1D: (in, out)
             names[o + ours + ".bias"] = h + theirs + ".bias"
-        for k, ln in ((1, "ln_1"), (2, "ln_2")):
-            names[o + f"sublayer{k}.norm.weight"] = h + ln + ".weight"
-            names[o + f"sublayer{k}.norm.bias"] = h + ln + ".bias"
+        for residual, ln in (("self_attn_residual", "ln_1"), ("feed_forward_residual", "ln_2")):
+            names[o + f"{residual}.norm.weight"] = h + ln + ".weight"
+            names[o + f"{residual}.norm.bias"] = h + ln + ".bias"
     return names
 
 

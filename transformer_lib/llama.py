@@ -12,12 +12,12 @@ import torch
 import torch.nn as nn
 
 from .decoder import DecoderLayer
-from .gpt import decoder_door
+from .gpt import check_decoder_inputs
 from .hf import hf_state_dict, load_by_names, save_by_names
 from .t5 import RMSNorm
 from .validation import (check_bool, check_config, check_float, check_int, check_mask,
                                         check_position_ids, check_same_dtype, check_tensor, checked, checks_due,
-                                        describe, lookup)
+                                        describe, embedding_lookup)
 
 # %% ../chapters/14_modern_decoder.ipynb #c008
 class RotaryEmbedding(nn.Module):
@@ -171,8 +171,8 @@ class Llama(nn.Module):
         return [block.new_cache() for block in self.blocks]
 
     def forward(self, tokens, mask=None, cache=None, position_ids=None):
-        t, B, T = decoder_door(self, tokens, mask, cache, position_ids)       # Chapter 11's checks
-        x = lookup(self.token, tokens, "tokens")                               # (B, T, d_model)
+        t, B, T = check_decoder_inputs(self, tokens, mask, cache, position_ids)       # Chapter 11's checks
+        x = embedding_lookup(self.token, tokens, "tokens")                               # (B, T, d_model)
         with checked():                                                        # the blocks check nothing
             if self.config.sliding_window is not None:                         # Mistral: a band of the past
                 window = sliding_window_mask(T, t + T, self.config.sliding_window, tokens.device)[None, None]
@@ -196,9 +196,9 @@ def llama_hf_names(model: Llama) -> dict:
         h, o = f"model.layers.{i}.", f"blocks.{i}."
         for ours, theirs in (("self_attn.W_q", "self_attn.q_proj"), ("self_attn.W_k", "self_attn.k_proj"),
                              ("self_attn.W_v", "self_attn.v_proj"), ("self_attn.W_o", "self_attn.o_proj"),
-                             ("feed_forward.linear1", "mlp.gate_proj"), ("feed_forward.linear_v", "mlp.up_proj"),
-                             ("feed_forward.linear2", "mlp.down_proj"), ("sublayer1.norm", "input_layernorm"),
-                             ("sublayer2.norm", "post_attention_layernorm")):
+                             ("feed_forward.linear1", "mlp.gate_proj"), ("feed_forward.linear_up", "mlp.up_proj"),
+                             ("feed_forward.linear2", "mlp.down_proj"), ("self_attn_residual.norm", "input_layernorm"),
+                             ("feed_forward_residual.norm", "post_attention_layernorm")):
             names[o + ours + ".weight"] = h + theirs + ".weight"
     return names
 

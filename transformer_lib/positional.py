@@ -9,7 +9,7 @@ import math
 import torch
 import torch.nn as nn
 
-from .validation import check_int, check_probability, check_tensor, checks_due, lookup
+from .validation import check_int, check_probability, check_tensor, checks_due, embedding_lookup
 
 # %% ../chapters/03_positional_encoding.ipynb #c009
 def sinusoidal_encoding(max_len: int, d_model: int, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -57,7 +57,7 @@ class TokenEmbedding(nn.Module):
         (The range is checked by the lookup itself, without reading the ids back from the device.)"""
         if checks_due():                    # not inside a checked call (Chapter 8's decoding loop, every token)
             check_tensor(name, tokens, dim=2, floating=False, shape_text="(B, length)")
-        return lookup(self.embedding, tokens, name) * math.sqrt(self.d_model)
+        return embedding_lookup(self.embedding, tokens, name) * math.sqrt(self.d_model)
 
 # %% ../chapters/03_positional_encoding.ipynb #c034
 class PositionalEncoding(nn.Module):

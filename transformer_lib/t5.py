@@ -20,12 +20,12 @@ from .decoder import Decoder
 from .decoding import greedy_decode
 from .encoder import Encoder
 from .feed_forward import PositionwiseFeedForward
-from .model import decode_door
+from .model import check_decode_inputs
 from .hf import hf_state_dict, load_by_names, save_by_names
 from .multi_head import MultiHeadAttention
 from .validation import (check_attn_bias, check_bool, check_config, check_float, check_int,
                                         check_mask, check_same_dtype, check_tensor, checked, checks_due, describe,
-                                        lookup)
+                                        embedding_lookup)
 
 # %% ../chapters/12_t5_and_vit.ipynb #c006
 class RMSNorm(nn.Module):
@@ -233,7 +233,7 @@ class T5(nn.Module):
     forward(src (B, S), tgt (B, T), src_mask=None, tgt_mask=None) -> logits (B, T, V).
     src_mask: bool (B|1, h|1, 1, S), True = may attend; None masks the padding (make_src_mask(src)).
     tgt_mask: bool (B|1, h|1, T|1, T), combined with the causal mask (which is always applied).
-    As Chapter 7's Transformer: encode -> memory, decode -> hidden states, generator(hidden) -> logits;
+    As Chapter 7's Transformer: encode -> memory, decode -> hidden states, lm_head(hidden) -> logits;
     decode(..., cache=model.new_cache()) feeds only the new tokens (incremental decoding, Chapter 8)."""
 
     def __init__(self, config: T5Config):
@@ -270,13 +270,13 @@ class T5(nn.Module):
             check_mask("src_mask", src_mask, (B, self.config.num_heads, S, S), "(B, h, S, S)")
         if S == 0:
             raise ValueError(f"src must hold at least one position, got shape {tuple(src.shape)}")
-        x = self.dropout(lookup(self.shared, src, "src"))                     # (B, S, d)
+        x = self.dropout(embedding_lookup(self.shared, src, "src"))                     # (B, S, d)
         with checked():                                                       # checked once, here
             bias = self.encoder_bias(S, S)                                    # (1, h, S, S), every layer
             return self.dropout(self.encoder(x, src_mask, attn_bias=bias))   # (B, S, d_model)
 
     def decode(self, tgt, memory, src_mask, tgt_mask=None, cache=None):
-        """-> hidden states (B, T, d_model) for every position of tgt, before generator.
+        """-> hidden states (B, T, d_model) for every position of tgt, before lm_head.
         src_mask: the source mask for cross-attention, (B|1, h|1, T|1, S), required: decode does not see the
         source's tokens (pass make_src_mask(src), as forward and Chapter 8's decoders do).
         cache: new_cache(); tgt then holds only the new tokens, after the t cached ones
@@ -285,15 +285,15 @@ class T5(nn.Module):
             check_tensor("tgt", tgt, dim=2, floating=False, shape_text="(B, length)")
             if tgt.size(1) == 0:
                 raise ValueError(f"tgt must hold at least one position (the start token), got shape {tuple(tgt.shape)}")
-        t = decode_door(self, tgt, memory, src_mask, tgt_mask, cache, self.shared.weight)   # Chapter 7's checks
+        t = check_decode_inputs(self, tgt, memory, src_mask, tgt_mask, cache, self.shared.weight)   # Chapter 7's checks
         T = tgt.size(1)
-        x = self.dropout(lookup(self.shared, tgt, "tgt"))                     # (B, T, d)
+        x = self.dropout(embedding_lookup(self.shared, tgt, "tgt"))                     # (B, T, d)
         with checked():                                    # checked once, here; the decoder is always causal
             bias = self.decoder_bias(T, t + T, offset=t)                      # (1, h, T, t + T)
             x = self.decoder(x, memory, src_mask, tgt_mask, cache, attn_bias=bias)
         return self.dropout(x)                                                # (B, T, d_model)
 
-    def generator(self, hidden):
+    def lm_head(self, hidden):
         """The output layer, tied to the embedding: hidden (B, T, d_model) -> logits (B, T, V). T5 v1.0 rescales
         by d_model^-1/2 first."""
         return hidden * self.config.d_model ** -0.5 @ self.shared.weight.T
@@ -303,7 +303,7 @@ class T5(nn.Module):
         src_mask = self.make_src_mask(src) if src_mask is None else src_mask  # (B, 1, 1, S): the same for decode
         if tgt is not None and tgt.size(0) != src.size(0):
             raise ValueError(f"tgt must have the batch size of src B={src.size(0)}, got {describe(tgt)}")
-        return self.generator(self.decode(tgt, memory, src_mask, tgt_mask))   # (B, T, V)
+        return self.lm_head(self.decode(tgt, memory, src_mask, tgt_mask))   # (B, T, V)
 
 # %% ../chapters/12_t5_and_vit.ipynb #c020
 def shift_right(labels, start_id: int = 0, pad_id: int = 0):
@@ -318,7 +318,8 @@ def shift_right(labels, start_id: int = 0, pad_id: int = 0):
 # %% ../chapters/12_t5_and_vit.ipynb #c023
 def t5_hf_names(model: T5) -> dict:
     """Each of our T5's state_dict keys -> T5ForConditionalGeneration's: their layer.j of a block is our
-    sublayer{j + 1} (self-attention, [cross-attention,] FFN); each stack's position table lives in its block 0."""
+    j-th residual (self_attn_residual, [cross_attn_residual,] feed_forward_residual); each stack's
+    position table lives in its block 0."""
     if not isinstance(model, T5):
         raise ValueError(f"model must be a T5, got {describe(model)}")
     names = {"shared.weight": "shared.weight",
@@ -329,9 +330,10 @@ def t5_hf_names(model: T5) -> dict:
     for stack, sublayers in (("encoder", ("self", "ffn")), ("decoder", ("self", "cross", "ffn"))):
         for i in range(len(getattr(model, stack).layers)):
             ours = f"{stack}.layers.{i}."
-            for j, part in enumerate(sublayers):                   # their layer.j is our sublayer{j + 1}
+            for j, part in enumerate(sublayers):                   # their layer.j wraps our part
                 theirs = f"{stack}.block.{i}.layer.{j}."
-                names[f"{ours}sublayer{j + 1}.norm.weight"] = theirs + "layer_norm.weight"
+                residual = {"self": "self_attn", "cross": "cross_attn", "ffn": "feed_forward"}[part] + "_residual"
+                names[f"{ours}{residual}.norm.weight"] = theirs + "layer_norm.weight"
                 if part == "ffn":
                     names[ours + "feed_forward.linear1.weight"] = theirs + "DenseReluDense.wi.weight"
                     names[ours + "feed_forward.linear2.weight"] = theirs + "DenseReluDense.wo.weight"
@@ -348,7 +350,8 @@ _T5_IGNORE = ("encoder.embed_tokens", "decoder.embed_tokens", "lm_head")      # 
 
 def _check_t5_v1_0(hf_model) -> None:
     lm_head, shared = getattr(hf_model, "lm_head", None), getattr(hf_model, "shared", None)
-    if lm_head is None or shared is None or not torch.equal(lm_head.weight, shared.weight):
+    if not (isinstance(lm_head, nn.Linear) and isinstance(shared, nn.Embedding)           # our T5: lm_head a method
+            and torch.equal(lm_head.weight, shared.weight)):
         raise ValueError(f"hf_model must be a T5ForConditionalGeneration whose lm_head is tied to shared (T5 v1.0), "
                          f"got {type(hf_model).__name__}")
 
@@ -371,7 +374,7 @@ def to_hf_t5(model: T5, hf_model):
 def t5_generate(model: T5, src, max_new_tokens: int, src_mask=None, use_cache: bool = True):
     """Greedy decoding with T5's conventions: Chapter 8's greedy_decode, started from pad_id (T5's start token)
     and stopped at eos_id. -> (B, ≤ max_new_tokens) ids without the start token; positions after a row's eos_id
-    hold pad_id. T5 has the Transformer's encode / decode / generator API, so nothing here is T5's own: Chapter
+    hold pad_id. T5 has the Transformer's encode / decode / lm_head API, so nothing here is T5's own: Chapter
     8's KVCache feeds only the newest token at each step (the keys and values of the earlier positions cached,
     the memory projected once), and beam_search(model, src, bos_id=pad_id, eos_id=eos_id, pad_id=pad_id) works
     as it does for the Transformer.

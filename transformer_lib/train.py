@@ -223,7 +223,7 @@ def _translate_task(a) -> _Task:
         logits = model(b.src, b.tgt_in, b.src_mask, b.tgt_mask)              # (B_local, T, V)
         n = int((b.tgt_out != tokenizer.pad_id).sum())                       # real (non-padding) targets
         # the book's loss is the mean over this batch's real targets: n times it is their sum
-        return loss_fn(logits.to(unwrap(model).generator.weight.dtype), b.tgt_out) * n, n
+        return loss_fn(logits.to(unwrap(model).lm_head.weight.dtype), b.tgt_out) * n, n
 
     def valid_loss(model, device):
         batches = [collate([valid_set[i] for i in range(s, min(s + 100, len(valid_set)))], tokenizer.pad_id)

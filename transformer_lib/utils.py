@@ -100,7 +100,7 @@ def plot_architecture(highlight=None, ax=None, scale: float = 1.0, shapes: bool 
         "attention" / "multi-head" (the three attention blocks; Chapters 1 and 2), "positional" (positional
         encoding and the scaled embedding; Chapter 3), "embedding", "feed-forward" (Chapter 4), "add-norm"
         (residual connections and LayerNorm; Chapter 5), "encoder" (Chapter 6), "decoder" (Chapter 7),
-        "output" (the generator: Linear and softmax). The other parts are drawn in grey.
+        "output" (the output layer: Linear and softmax). The other parts are drawn in grey.
     ax: an Axes to draw on (a new figure of 12.5 x 11 inches times `scale` when None).
     scale: size factor for the new figure and its text (e.g. 0.5 for a small "you are here" map).
     shapes: write the tensor shapes beside the blocks.
@@ -267,14 +267,14 @@ def plot_architecture(highlight=None, ax=None, scale: float = 1.0, shapes: bool 
         final = {"encoder-decoder": ("final LayerNorm *", "ch. 5"), "llama": ("final RMSNorm", "ch. 12")}.get(
             family, ("final LayerNorm", "ch. 5"))
         heads = heads_above(dx, dtop + (0.3 if single else 0), {"decoder"},
-                            [(final[0], "add-norm", final[1]), ("Linear (generator)", "output", out_chapter),
+                            [(final[0], "add-norm", final[1]), ("Linear (output layer)", "output", out_chapter),
                              ("Softmax", "output", out_chapter)],
                             dp[-1] + 0.26)
         shape(dx - W / 2 - 0.15, heads[1], "logits (B, T, V)", ha="right")
         shape(dx - W / 2 - 0.15, heads[2], "probabilities (B, T, V)", ha="right")
         arrow(dx, heads[2] + 0.26, dx, heads[2] + 0.65)
         ax.text(dx, heads[2] + 0.85, "next-token probabilities", ha="center", fontsize=fs, style="italic")
-        # weight tying: one matrix for the embedding(s) and the generator
+        # weight tying: one matrix for the embedding(s) and the output layer
         ax.plot([ex - W / 2, -0.1, -0.1, 14.35, 14.35, dx + W / 2], [1.1, 1.1, 0.5, 0.5, heads[1], heads[1]], **tie)
         if family == "encoder-decoder":
             ax.plot([dx - W / 2, dx - W / 2 - 0.2, dx - W / 2 - 0.2], [1.1, 1.1, 0.5], **tie)

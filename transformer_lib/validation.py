@@ -2,8 +2,8 @@
 
 # %% auto #0
 __all__ = ['checks_due', 'checked', 'describe', 'check_int', 'check_float', 'check_probability', 'check_bool', 'check_tensor',
-           'check_same_dtype', 'check_token_ids', 'check_config', 'holds', 'check_position_ids', 'lookup', 'check_rows',
-           'check_attn_bias', 'check_mask']
+           'check_same_dtype', 'check_token_ids', 'check_config', 'holds', 'check_position_ids', 'embedding_lookup',
+           'check_rows', 'check_attn_bias', 'check_mask']
 
 # %% ../chapters/appendix_tools.ipynb #c006b
 # One place for the checks every public entry point repeats. Each raises a ValueError whose message names
@@ -158,7 +158,7 @@ def check_position_ids(name: str, position_ids, B: int, T: int) -> torch.Tensor:
     return position_ids
 
 
-def lookup(embedding, ids: torch.Tensor, name: str) -> torch.Tensor:
+def embedding_lookup(embedding, ids: torch.Tensor, name: str) -> torch.Tensor:
     """embedding(ids) for an nn.Embedding, with the range of the ids checked without reading them on the host
     (no device synchronisation for a valid batch): on the CPU an id outside [0, num_embeddings) makes PyTorch
     raise IndexError, turned here into a ValueError that names `name` and the ids found. On a GPU such an id

@@ -156,7 +156,7 @@ def _hf_vit_names(num_layers: int, new_style: bool) -> dict:
             parts = {"self_attn.W_q": "attention.attention.query", "self_attn.W_k": "attention.attention.key",
                      "self_attn.W_v": "attention.attention.value", "self_attn.W_o": "attention.output.dense",
                      "feed_forward.linear1": "intermediate.dense", "feed_forward.linear2": "output.dense"}
-        parts |= {"sublayer1.norm": "layernorm_before", "sublayer2.norm": "layernorm_after"}
+        parts |= {"self_attn_residual.norm": "layernorm_before", "feed_forward_residual.norm": "layernorm_after"}
         names |= {ours + o: theirs + t for o, t in parts.items()}
     return names
 

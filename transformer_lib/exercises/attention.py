@@ -242,7 +242,8 @@ def copy_weights(src, dst) -> dict:
     whatever dst calls them. Tried in turn: the same names and shapes (copy by name); the same list of shapes
     in order (copy in order: an Annotated-Transformer `linears` ModuleList of W_q, W_k, W_v, W_o); parameters
     grouped by top-level child module, each of dst's groups taking the first unused group of src with the same
-    list of shapes (a nanoGPT block ln_1, attn, ln_2, mlp onto self_attn, feed_forward, sublayer1, sublayer2).
+    list of shapes (a nanoGPT block ln_1, attn, ln_2, mlp onto self_attn, feed_forward, self_attn_residual,
+    feed_forward_residual).
     Returns {dst name: src name}; raises AssertionError listing both modules' parameters when nothing fits.
     Copies with torch.no_grad(), into dst's dtype; draws no random numbers."""
     theirs, ours = dict(dst.named_parameters()), dict(src.named_parameters())

@@ -147,7 +147,7 @@ def _cached_steps_flops(config, B, S, T, memory_every_step=False, keys=0, cross=
 def check_cached_decode_flops(fn) -> None:
     """Test fn(config, batch, src_len, tgt_len) -> the matrix-product FLOPs of tgt_len steps of Transformer.decode
     with the KV cache (section 9.6: one new token per step, from the first, on a memory of src_len tokens; the
-    generator is not part of decode), on several models and lengths. Raises AssertionError naming the mistake."""
+    output layer is not part of decode), on several models and lengths. Raises AssertionError naming the mistake."""
     def uncached(config, B, S, T):                                  # each step re-runs the whole prefix
         d = config.d_model
         return config.num_decoder_layers * sum(mha_flops(B, t, t, d) + mha_flops(B, t, S, d)
@@ -172,7 +172,7 @@ def check_cached_decode_flops(fn) -> None:
             lambda *c: _cached_steps_flops(*c) / 2,
         "that counts the encoder's layers: decode runs the num_decoder_layers decoder layers":
             lambda config, *c: _cached_steps_flops(config, *c, layers=config.num_encoder_layers),
-        "that adds the generator (2·B·d_model·V per token): model.decode stops before it":
+        "that adds the output layer (2·B·d_model·V per token): model.decode stops before it":
             lambda config, B, S, T: _cached_steps_flops(config, B, S, T) + 2 * B * T * config.d_model
             * config.tgt_vocab_size,
         "that is decoding without the cache: each step re-runs the decoder over the whole prefix": uncached,

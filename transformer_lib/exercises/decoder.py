@@ -119,10 +119,10 @@ def check_parameter_count(fn, trials: int = 16) -> None:
             hints[V_src * d] = "tie_embeddings=True: one V x d_model matrix, counted once"
         else:
             hints[-(V_src + V_tgt) * d] = ("tie_embeddings=False: three matrices, source V_src x d_model, "
-                                           "target V_tgt x d_model and generator V_tgt x d_model")
-            hints[-V_tgt * d] = "tie_embeddings=False: the generator has its own V_tgt x d_model matrix"
+                                           "target V_tgt x d_model and output layer V_tgt x d_model")
+            hints[-V_tgt * d] = "tie_embeddings=False: the output layer has its own V_tgt x d_model matrix"
             hints[(V_src - V_tgt) * d] = "the vocabularies: source uses src_vocab_size, target and " \
-                                         "generator tgt_vocab_size"
+                                         "output layer tgt_vocab_size"
         hint = hints.get(diff, "")
         raise AssertionError(f"{c}: expected {expected:,}, got {got:,} (difference {diff:+,})"
                              + (f"; check {hint}" if hint else ""))
@@ -251,12 +251,12 @@ def _parameter_count(model) -> int:
 
 def check_two_way_tying(fn) -> None:
     """Test fn(state_dict, config) -> a Transformer(config) (config.tie_embeddings=False) loaded from state_dict, an
-    untied model's checkpoint, whose generator shares the target embedding's matrix (one nn.Parameter) while the
+    untied model's checkpoint, whose output layer shares the target embedding's matrix (one nn.Parameter) while the
     source embedding keeps its own: two-way tying. The shared matrix must hold the checkpoint's target embedding
-    (its generator matrix is dropped), every other weight the checkpoint's. Counts the parameters against the
+    (its output layer matrix is dropped), every other weight the checkpoint's. Counts the parameters against the
     untied model's minus one (V_tgt, d_model) matrix, checks what is shared and what was loaded, and that the
     logits are the decoder's output times the target embedding matrix. Names the mistake (a copy instead of a
-    shared matrix, three-way tying, the source embedding tied instead, the generator's values in the shared
+    shared matrix, three-way tying, the source embedding tied instead, the output layer's values in the shared
     matrix: tied before loading, or tied the other way); prints a verdict."""
     small = dict(d_model=16, num_heads=2, d_ff=32, num_encoder_layers=1, num_decoder_layers=2, dropout=0.0,
                  tie_embeddings=False)
@@ -278,8 +278,8 @@ def check_two_way_tying(fn) -> None:
                                  f"{describe(model)}")
         V_src, V_tgt, d = config.src_vocab_size, config.tgt_vocab_size, config.d_model
         mistakes = {
-            "nothing is shared: your generator has a matrix of its own. Equal values copied in (or a second "
-            "Parameter over the same storage) are two matrices to the optimizer; the generator's weight must be the "
+            "nothing is shared: your output layer has a matrix of its own. Equal values copied in (or a second "
+            "Parameter over the same storage) are two matrices to the optimizer; the output layer's weight must be the "
             "target embedding's nn.Parameter itself": untied,
             "all three matrices are one: with tying of the source embedding as well, this is the paper's three-way "
             "tying; the source embedding must keep its own matrix":
@@ -288,27 +288,27 @@ def check_two_way_tying(fn) -> None:
         grade(lambda c, model=model: _parameter_count(model), lambda c, n=V_tgt * d: untied(c) - n, {where: (config,)},
               mistakes,
               name="your model's parameter count", says="your model has {got:,.0f} parameters, expected {want:,.0f}")
-        generator, src, tgt = model.generator.weight, model.src_embed.weight, model.tgt_embed.weight
-        if generator is src and src is not tgt:
-            raise AssertionError(f"{where}: your generator shares the SOURCE embedding's matrix; it scores target "
+        head, src, tgt = model.lm_head.weight, model.src_embed.weight, model.tgt_embed.weight
+        if head is src and src is not tgt:
+            raise AssertionError(f"{where}: your output layer shares the SOURCE embedding's matrix; it scores target "
                                  f"tokens, so it must share the target embedding's")
         if src is tgt:
             raise AssertionError(f"{where}: your source and target embeddings are one matrix; two-way tying shares "
-                                 f"the target embedding with the generator and leaves the source embedding alone")
-        if generator is not tgt:
-            raise AssertionError(f"{where}: your generator's weight is not the target embedding's nn.Parameter")
+                                 f"the target embedding with the output layer and leaves the source embedding alone")
+        if head is not tgt:
+            raise AssertionError(f"{where}: your output layer's weight is not the target embedding's nn.Parameter")
         shared = tgt.detach().cpu().double()
-        if torch.equal(shared, checkpoint["generator.weight"].double()):
+        if torch.equal(shared, checkpoint["lm_head.weight"].double()):
             raise AssertionError(
-                f"{where}: your shared matrix holds the checkpoint's generator.weight, not its "
+                f"{where}: your shared matrix holds the checkpoint's lm_head.weight, not its "
                 f"tgt_embed.embedding.weight. Either the model was tied before load_state_dict, which then wrote "
-                f"both keys into the one matrix, the generator's last (silently, without an error), or the "
-                f"embedding was tied to the generator's Parameter instead of the other way round")
+                f"both keys into the one matrix, the output layer's last (silently, without an error), or the "
+                f"embedding was tied to the output layer's Parameter instead of the other way round")
         if not torch.equal(shared, checkpoint["tgt_embed.embedding.weight"].double()):
             raise AssertionError(f"{where}: your shared matrix is not the checkpoint's tgt_embed.embedding.weight "
                                  f"(was the checkpoint loaded?)")
         for key, value in model.state_dict().items():
-            if key != "generator.weight" and not torch.equal(value.detach().cpu().double(), checkpoint[key].double()):
+            if key != "lm_head.weight" and not torch.equal(value.detach().cpu().double(), checkpoint[key].double()):
                 raise AssertionError(f"{where}: your model's {key} is not the checkpoint's: load every weight of "
                                      f"the state_dict")
         g = torch.Generator().manual_seed(1)
@@ -320,5 +320,5 @@ def check_two_way_tying(fn) -> None:
         if not close_to(logits, hidden @ tgt.T):
             raise AssertionError(f"{where}: your logits are not the decoder's output times the target embedding "
                                  f"matrix (transposed)")
-    print(f"check_two_way_tying: the generator shares the target embedding's matrix, loaded from the checkpoint's "
+    print(f"check_two_way_tying: the output layer shares the target embedding's matrix, loaded from the checkpoint's "
           f"target embedding, and the source keeps its own ({len(configs)} configurations, counted, loaded and run)")

@@ -15,7 +15,8 @@ def _encoder_layer_variant(layer, x, mask, norm_first, residual=(True, True), ff
     """The layer's computation with deliberate changes, used to name a reader's mistake."""
     def attention(y):
         return layer.self_attn(y, y, y, mask)[0]
-    subs = [(attention, layer.sublayer1.norm), (layer.feed_forward, layer.sublayer2.norm)][: 2 if ffn else 1]
+    subs = [(attention, layer.self_attn_residual.norm),
+            (layer.feed_forward, layer.feed_forward_residual.norm)][: 2 if ffn else 1]
     for (f, norm), res in zip(subs, residual[:len(subs)], strict=True):
         if norm_first:
             x = (x if res else 0) + f(norm(x))
@@ -38,11 +39,13 @@ def _encoder_layer_mistakes(layer, norm_first, other_placement: str) -> dict:
 
 
 def _call_without_shortcuts(fn, layer, x, mask):
-    """fn(layer, x, mask), refusing the calls the exercise forbids: layer(...), layer.sublayer1(...),
-    layer.sublayer2(...) (each would compute the answer for the reader). The instances' forward is replaced for
+    """fn(layer, x, mask), refusing the calls the exercise forbids: layer(...),
+    layer.self_attn_residual(...), layer.feed_forward_residual(...) (each would compute the answer for the reader).
+    The instances' forward is replaced for
     the call only (nn.Module.__call__ looks it up on the instance first)."""
     used = []
-    for name, module in (("layer", layer), ("layer.sublayer1", layer.sublayer1), ("layer.sublayer2", layer.sublayer2)):
+    for name, module in (("layer", layer), ("layer.self_attn_residual", layer.self_attn_residual),
+                         ("layer.feed_forward_residual", layer.feed_forward_residual)):
         def refuse(*args, _name=name, **kwargs):
             used.append(_name)
             raise RuntimeError(f"{_name}(...) is not allowed in this exercise")
@@ -53,7 +56,7 @@ def _call_without_shortcuts(fn, layer, x, mask):
         if not used:
             raise
     finally:
-        for module in (layer, layer.sublayer1, layer.sublayer2):
+        for module in (layer, layer.self_attn_residual, layer.feed_forward_residual):
             del module.forward                                   # the class's forward again
         if used:                                                 # also when fn caught the error itself
             raise Verdict(f"you called {used[0]}(...): the exercise asks you to compute the layer from "
@@ -62,7 +65,8 @@ def _call_without_shortcuts(fn, layer, x, mask):
 
 def check_encoder_layer(fn, trials: int = 4) -> None:
     """Test fn(layer, x, mask) -> (B, S, d_model) against EncoderLayer.forward on random post-norm and pre-norm
-    layers, with and without a padding mask (calling layer, layer.sublayer1 or layer.sublayer2 is refused, as
+    layers, with and without a padding mask (calling layer, layer.self_attn_residual or
+    layer.feed_forward_residual is refused, as
     the exercise asks). Raises AssertionError naming the mistake; prints a verdict."""
     gen = torch.Generator().manual_seed(0)
     for norm_first in (False, True):
@@ -78,7 +82,8 @@ def check_encoder_layer(fn, trials: int = 4) -> None:
             mask = None if trial == 0 else (torch.arange(S) < lengths[:, None])[:, None, None, :]
             where = f"(norm_first={norm_first}, x {tuple(x.shape)}, mask {'None' if mask is None else 'padding'})"
             mistakes = _encoder_layer_mistakes(
-                layer, norm_first, "the other norm placement (post-norm vs pre-norm): check layer.sublayer1.norm_first")
+                layer, norm_first,
+                "the other norm placement (post-norm vs pre-norm): check layer.self_attn_residual.norm_first")
             with torch.no_grad():
                 grade(lambda x, mask, layer=layer: _call_without_shortcuts(fn, layer, x, mask), layer, {where: (x, mask)},
                       mistakes, against="EncoderLayer.forward", shape="(B, S, d_model) = ")

@@ -367,7 +367,7 @@ def _stepwise(model, inputs, memory, src_mask, start, use_cache=True, positions=
             x = model.tgt_embed(inputs[:, t:t + 1])                               # (B, 1, d_model)
             if positions:
                 x = model.pos_encoding(x, start(t))
-            out.append(model.generator(model.decoder(x, memory, src_mask, None, cache)[:, -1]))   # (B, V)
+            out.append(model.lm_head(model.decoder(x, memory, src_mask, None, cache)[:, -1]))   # (B, V)
     return torch.stack(out, dim=1)
 
 
@@ -393,7 +393,7 @@ def check_cached_greedy(fn, max_new_tokens: int = 7) -> None:
     src_mask = model.make_src_mask(src)
     with torch.no_grad():
         memory = model.encode(src, src_mask)
-        want = model.generator(model.decode(inputs, memory, src_mask))             # (B, L, V): whole prefix
+        want = model.lm_head(model.decode(inputs, memory, src_mask))             # (B, L, V): whole prefix
     if close_to(logits, want):
         print(f"check_cached_greedy: {L} cached steps equal recomputing the prefix (logits and tokens)")
         return
