@@ -202,7 +202,7 @@ def gpt_first_steps(k: int) -> list:
 
 @recipe
 def gpt(out: str, device: str) -> dict:
-    """Chapter 11: the GPT that writes Python (0.94M parameters, 2,000 steps of 8 windows of 128 BPE tokens)."""
+    """Chapter 11: the GPT trained on Python source (0.94M parameters, 2,000 steps of 8 windows of 128 BPE tokens)."""
     s = gpt_setup()
     return one_model(out, device, s, gpt_fit, "11_decoder_only", "transformer_lib.classifier.fit",
                      lambda h: s["args"]["steps"] * s["args"]["batch_size"] * s["context"])

@@ -18,6 +18,8 @@ from transformer_lib.exercises.training import (
     check_label_smoothing,
     check_length_penalty,
     check_noam,
+    check_others_smoothing,
+    check_tie_alpha,
 )
 from transformer_lib.training import noam_lr
 
@@ -90,6 +92,83 @@ def plain_length(log_prob, length, alpha):
 
 def alpha_ignored(log_prob, length, alpha):
     return log_prob / ((5 + length) / 6)
+
+
+# --- exercise 1: smoothing over the other V - 1 classes, and its floor
+
+
+def _others(logits, target, ls, pad_id, q_true, q_other, real_only=True, denominator=None):
+    logp = F.log_softmax(logits, dim=-1)                                   # (B, T, V)
+    q = torch.full_like(logp, q_other)
+    q.scatter_(-1, target[..., None], q_true)
+    per_token = -(q * logp).sum(-1)                                        # (B, T)
+    real = target != pad_id
+    if denominator == "all":
+        return (per_token * real).sum() / real.numel()
+    return per_token[real].mean() if real_only else per_token.mean()
+
+
+def others(logits, target, ls, pad_id):
+    V = logits.size(-1)
+    return _others(logits, target, ls, pad_id, 1 - ls, ls / (V - 1))
+
+
+def others32(logits, target, ls, pad_id):
+    return others(logits.float(), target, ls, pad_id)
+
+
+def others_floor(V, ls):
+    return -(1 - ls) * math.log(1 - ls) - ls * math.log(ls / (V - 1))
+
+
+def others_floor32(V, ls):
+    e = torch.tensor(ls, dtype=torch.float32)
+    return -(1 - e) * torch.log(1 - e) - e * torch.log(e / (V - 1))
+
+
+def others_on_all_v(logits, target, ls, pad_id):                        # eps / (V - 1) on the true class too
+    V = logits.size(-1)
+    return _others(logits, target, ls, pad_id, 1 - ls + ls / (V - 1), ls / (V - 1))
+
+
+def others_eps_over_v(logits, target, ls, pad_id):
+    V = logits.size(-1)
+    return _others(logits, target, ls, pad_id, 1 - ls, ls / V)
+
+
+def others_padding_kept(logits, target, ls, pad_id):
+    V = logits.size(-1)
+    return _others(logits, target, ls, pad_id, 1 - ls, ls / (V - 1), real_only=False)
+
+
+def others_mean_over_all(logits, target, ls, pad_id):
+    V = logits.size(-1)
+    return _others(logits, target, ls, pad_id, 1 - ls, ls / (V - 1), denominator="all")
+
+
+def floor_chapters(V, e):
+    p = 1 - e + e / V
+    return -p * math.log(p) - (V - 1) * e / V * math.log(e / V)
+
+
+# --- exercise 2: the alpha at which two hypotheses tie
+
+
+def tie_alpha(l1, n1, l2, n2):
+    return math.log(l2 / l1) / math.log((5 + n2) / (5 + n1))
+
+
+def tie_alpha32(l1, n1, l2, n2):
+    return torch.log(torch.tensor(l2 / l1, dtype=torch.float32)) / torch.log(torch.tensor((5 + n2) / (5 + n1),
+                                                                                           dtype=torch.float32))
+
+
+def test_tie_alpha_ties_the_library_scores():
+    """At tie_alpha the library's length_penalty gives the two hypotheses the same score (the 5 and 9 tokens of
+    the exercise tie at alpha = 0.542)."""
+    alpha = tie_alpha(-2.0, 5, -2.4, 9)
+    lp = length_penalty(torch.tensor([5.0, 9.0], dtype=torch.float64), alpha)
+    assert math.isclose(-2.0 / float(lp[0]), -2.4 / float(lp[1]), rel_tol=1e-12) and round(alpha, 3) == 0.542
 
 
 # --- exercise 3: the paper's schedule
@@ -267,6 +346,8 @@ def test_graders_are_fast():
         check_noam(noam, peak_step=4000, peak_lr=math.sqrt(1 / 64 / 4000))
         check_length_penalty(score)
         check_cosine_lr(cosine, below_tenth=BELOW_TENTH)
+        check_others_smoothing(others, floor=others_floor)
+        check_tie_alpha(tie_alpha)
     run_all()                  # once first: torch's lazy imports (the first optimizer takes seconds) are not grading
     start = time.perf_counter()
     run_all()
@@ -283,6 +364,31 @@ SMOOTHING_MISTAKES = [
 GRADERS = [
     grader_row(check_label_smoothing, correct=[smoothed_loss, smoothed_loss32], mistakes=SMOOTHING_MISTAKES),
     grader_row(check_fixed_smoothing_loss, correct=[smoothed_loss, smoothed_loss32], mistakes=SMOOTHING_MISTAKES),
+    grader_row(check_others_smoothing, correct=[others, others32, Call(others, floor=others_floor),
+                                                Call(others32, floor=others_floor32)], mistakes=[
+        (smoothed_loss, "that is the chapter's smoothing"),
+        (others_on_all_v, "the true class gets 1 - eps \\+ eps / \\(V - 1\\)"),
+        (others_eps_over_v, "each other class gets eps / V"),
+        (no_smoothing, "the smoothing is missing"),
+        (others_padding_kept, "padding positions are not ignored"),
+        (others_mean_over_all, "the mean runs over all B \\* T positions"),
+        (Call(others, floor=floor_chapters), "the floor of the chapter's smoothing"),
+        (Call(others, floor=lambda V, e: -e * math.log(e / (V - 1))), "the true class's term"),
+        (Call(others, floor=lambda V, e: -(1 - e) * math.log(1 - e)), "the other classes' term is missing"),
+        (Call(others, floor=lambda V, e: -(1 - e) * math.log(1 - e) - (V - 1) * e * math.log(e / (V - 1))),
+         "counted V - 1 times too often"),
+        (Call(others, floor=lambda V, e: others_floor(V, e) / math.log(2)), "in bits"),
+        (Call(others, floor=lambda V, e: -others_floor(V, e)), "the sign"),
+        (Call(others, floor=lambda V, e: 0.0), "the floor is not 0"),
+        (Call(others, floor=lambda V, e: 1.0), "q's entropy, in nats"),
+    ], prints="check_others_smoothing: right on 20"),
+    grader_row(check_tie_alpha, correct=[tie_alpha, tie_alpha32], mistakes=[
+        (lambda *c: -tie_alpha(*c), "one ratio is upside down"),
+        (lambda *c: 1 / tie_alpha(*c), "that is 1 / alpha"),
+        (lambda l1, n1, l2, n2: math.log(l2 / l1) / math.log(n2 / n1), "the 5 of the penalty is missing"),
+        (lambda l1, n1, l2, n2: (l2 / l1) / ((5 + n2) / (5 + n1)), "no logarithms"),
+        (lambda *c: 0.5, "set l1 / lp\\(n1\\) = l2 / lp\\(n2\\)"),
+    ], prints="check_tie_alpha: at your alpha"),
     grader_row(check_length_penalty, correct=[score, score32], mistakes=[
         (multiplied, "you multiply"),
         (precedence, "6 \\*\\* alpha is computed first"),

@@ -121,6 +121,17 @@ def global_random_state(X, y, k, seed):
     return X[rows], y[rows]
 
 
+def within_class_positions(X, y, k, seed):              # exercise 3's bug: positions in the class used as rows
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.cat([torch.randperm(int((y == c).sum()), generator=g)[:k] for c in y.unique().tolist()])
+    return X[rows], y[rows]
+
+
+def few_labels32(X, y, k, seed):                        # float32 sequences (the grader's pool, as floats)
+    X_few, y_few = few_labels(X.float(), y, k, seed)
+    return X_few.long(), y_few
+
+
 def seed_ignored(X, y, k, seed):
     rows = torch.cat([(y == c).nonzero()[:k, 0] for c in range(int(y.max()) + 1)])
     return X[rows], y[rows]
@@ -287,13 +298,14 @@ GRADERS = [
         (cls_one_too_far, "padding gap"),
         (cls_without_room, "one more column"),
     ]),
-    grader_row(check_few_labels, correct=[few_labels], mistakes=[
-        (first_rows, "first rows of X"),
-        (unstratified, "stratified"),
-        (labels_not_paired, "not paired with its own label"),
+    grader_row(check_few_labels, correct=[few_labels, few_labels32], mistakes=[
+        (first_rows, "they are the first 4 rows of X"),
+        (unstratified, "sequences of the 4 classes, not"),
+        (within_class_positions, "sequences of the 4 classes, not"),
+        (labels_not_paired, "label in y is"),
         (with_replacement, "appears twice"),
         (global_random_state, "same seed gave different rows"),
-        (seed_ignored, "the seed changes nothing"),
+        (seed_ignored, "seeds 0 and 1 give the same rows"),
     ]),
     grader_row(check_attention_pooling, correct=[AttentionPool, Float32Pool, EinsumPool], mistakes=[
         (UnmaskedPool, "padded positions get attention weight"),

@@ -12,7 +12,9 @@ from transformer_lib.exercises.sampling import (
     check_bits_per_byte,
     check_kv_cache_bytes,
     check_lm_loss,
-    check_temperature,
+    check_min_p,
+    check_nats_per_char,
+    check_temperature_for,
     check_top_p,
 )
 from transformer_lib.gpt import lm_loss
@@ -83,51 +85,121 @@ def test_bits_per_byte_asks_for_a_number():
         check_bits_per_byte(lambda loss, per_byte: None)
 
 
-# --- exercise 3: temperature
+# --- exercise 1: min-p sampling
 
 
-def tempered(logits, temperature):
-    if temperature == 0:
-        return F.one_hot(logits.argmax(-1), logits.size(-1)).to(logits.dtype)
-    return (logits / temperature).softmax(-1)
+def min_p(logits, m):
+    probs = logits.softmax(-1)
+    return logits.masked_fill(probs < m * probs.amax(-1, keepdim=True), float("-inf"))
 
 
-def tempered32(logits, temperature):
-    return tempered(logits.float(), temperature)
+def min_p32(logits, m):
+    return min_p(logits.float(), m)
 
 
-def tempered_by_powers(logits, temperature):                  # p ** (1 / tau), renormalised: the same distribution
-    if temperature == 0:
-        return tempered(logits, 0)
-    q = logits.softmax(-1) ** (1 / temperature)
-    return q / q.sum(-1, keepdim=True)
+def min_p_in_logits(logits, m):                                   # the same rule: logit >= max logit + ln(m)
+    return logits.masked_fill(logits < logits.amax(-1, keepdim=True) + math.log(m), float("-inf"))
 
 
-def divided_probabilities(logits, temperature):
-    return logits.softmax(-1) / temperature if temperature else tempered(logits, 0)
+def absolute_threshold(logits, m):
+    return logits.masked_fill(logits.softmax(-1) < m, float("-inf"))
 
 
-def divided_probabilities_renormalised(logits, temperature):
-    if temperature == 0:
-        return tempered(logits, 0)
-    q = logits.softmax(-1) / temperature
-    return q / q.sum(-1, keepdim=True)
+def rule_on_logits(logits, m):
+    return logits.masked_fill(logits < m * logits.amax(-1, keepdim=True), float("-inf"))
 
 
-def multiplied_logits(logits, temperature):
-    return (logits * temperature).softmax(-1) if temperature else tempered(logits, 0)
+def max_over_batch(logits, m):
+    probs = logits.softmax(-1)
+    return logits.masked_fill(probs < m * probs.amax(0, keepdim=True), float("-inf"))
 
 
-def batch_axis(logits, temperature):
-    return (logits / temperature).softmax(0) if temperature else tempered(logits, 0)
+def turned_around(logits, m):
+    probs = logits.softmax(-1)
+    return logits.masked_fill(probs >= m * probs.amax(-1, keepdim=True), float("-inf"))
 
 
-def nan_at_zero(logits, temperature):
-    return (logits / temperature).softmax(-1)
+def returns_probabilities(logits, m):
+    probs = logits.softmax(-1)
+    return probs.masked_fill(probs < m * probs.amax(-1, keepdim=True), float("-inf"))
 
 
-def log_probabilities(logits, temperature):
-    return (logits / temperature).log_softmax(-1) if temperature else tempered(logits, 0)
+# --- exercise 2: nats per character
+
+
+def nats_per_char(bpb, cpb):
+    return bpb * math.log(2) / cpb
+
+
+def nats_per_char32(bpb, cpb):
+    return torch.tensor(bpb, dtype=torch.float32) * math.log(2) / cpb
+
+
+def times_chars_per_byte(bpb, cpb):
+    return bpb * math.log(2) * cpb
+
+
+def bits_left(bpb, cpb):
+    return bpb / cpb
+
+
+def divided_by_ln2(bpb, cpb):
+    return bpb / math.log(2) / cpb
+
+
+def chars_ignored(bpb, cpb):
+    return bpb * math.log(2)
+
+
+# --- exercise 3: temperature by target
+
+
+def temperature_for(logits, q):
+    low, high = math.log(1e-4), math.log(1e4)
+    for _ in range(100):
+        mid = (low + high) / 2
+        if (logits / math.exp(mid)).softmax(-1).max() > q:
+            low = mid
+        else:
+            high = mid
+    return math.exp((low + high) / 2)
+
+
+def temperature_for32(logits, q):
+    return torch.tensor(temperature_for(logits.float(), q), dtype=torch.float32)
+
+
+def reciprocal(logits, q):
+    return 1 / temperature_for(logits, q)
+
+
+def search_turned_around(logits, q):                          # raises tau where it should lower it
+    low, high = math.log(1e-4), math.log(1e4)
+    for _ in range(100):
+        mid = (low + high) / 2
+        if (logits / math.exp(mid)).softmax(-1).max() > q:
+            high = mid
+        else:
+            low = mid
+    return math.exp((low + high) / 2)
+
+
+def too_few_steps(logits, q):
+    low, high = math.log(1e-4), math.log(1e4)
+    for _ in range(5):
+        mid = (low + high) / 2
+        if (logits / math.exp(mid)).softmax(-1).max() > q:
+            low = mid
+        else:
+            high = mid
+    return math.exp((low + high) / 2)
+
+
+def test_temperature_for_asks_for_a_positive_number():
+    with pytest.raises(AssertionError, match="positive number"):
+        check_temperature_for(lambda logits, q: -1.0)
+    with pytest.raises(AssertionError, match="must be one number"):
+        check_temperature_for(lambda logits, q: None)
 
 
 # --- exercise 4: memory of the KV cache
@@ -235,14 +307,24 @@ GRADERS = [
         (times_ln2, "multiplied by ln 2"),
         (log10, "log base 10"),
     ]),
-    grader_row(check_temperature, correct=[tempered, tempered32, tempered_by_powers], mistakes=[
-        (divided_probabilities, "divided the probabilities"),
-        (divided_probabilities_renormalised, "changes nothing"),
-        (multiplied_logits, "multiplied the logits"),
-        (batch_axis, "batch axis"),
-        (nan_at_zero, "greedy"),
-        (log_probabilities, "not log-probabilities"),
-    ]),
+    grader_row(check_min_p, correct=[min_p, min_p32, min_p_in_logits], mistakes=[
+        (absolute_threshold, "the threshold is min_p itself"),
+        (rule_on_logits, "compared logits with min_p times the largest logit"),
+        (max_over_batch, "over the batch axis"),
+        (turned_around, "kept the unlikely tokens"),
+        (returns_probabilities, "keep their logits unchanged"),
+    ], prints="check_min_p: correct"),
+    grader_row(check_nats_per_char, correct=[nats_per_char, nats_per_char32], mistakes=[
+        (times_chars_per_byte, "multiplied by the characters per byte"),
+        (bits_left, "bits, not nats"),
+        (divided_by_ln2, "divided by ln 2"),
+        (chars_ignored, "characters per byte are left out"),
+    ], prints="check_nats_per_char: bits per byte"),
+    grader_row(check_temperature_for, correct=[temperature_for, temperature_for32], mistakes=[
+        (reciprocal, "return its reciprocal"),
+        (search_turned_around, "the answer lies at a"),
+        (too_few_steps, r"not 0\.9 \(to 1e-5\)"),
+    ], prints="check_temperature_for: the most probable"),
     grader_row(check_kv_cache_bytes, correct=[kv_cache_bytes, kv_cache_bytes_per_head], mistakes=[
         (keys_only, r"forgot the values \(factor 2\)"),
         (heads_twice, "counted heads twice"),
@@ -254,8 +336,8 @@ GRADERS = [
     ], prints='75,497,472'),
     grader_row(check_lm_loss, correct=[lm_loss, lm_loss_from_whole_window, Call(lm_loss, dtype=torch.float32)],
                mistakes=[
-        (not_shifted, "scored on a token it can already see"),
-        (Call(not_shifted, dtype=torch.float32), "scored on a token it can already see"),
+        (not_shifted, "a loss too good to be true"),
+        (Call(not_shifted, dtype=torch.float32), "a loss too good to be true"),
         (shifted_the_wrong_way, "shifted the wrong way"),
         (summed, "a sum over the tokens"),
         (per_window, "number of windows"),

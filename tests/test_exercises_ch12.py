@@ -9,6 +9,7 @@ from helpers import grader_row
 
 from transformer_lib.exercises.t5 import (
     check_alibi,
+    check_alibi_reach,
     check_gated_ffn,
     check_new_buckets,
     check_overlapping_patches,
@@ -214,6 +215,59 @@ def test_overlapping_patches_with_stride_p_are_patchify():
     assert torch.equal(overlapping(x, 4, 4), patchify(x, 4))
 
 
+# --- exercise 1, second part: how far each ALiBi head reaches -----------------------------------------------
+
+def alibi_reach(num_heads, gap):
+    slopes = 2.0 ** (-8.0 * torch.arange(1, num_heads + 1, dtype=torch.float64) / num_heads)
+    return (gap / slopes).floor().long().add(1).tolist()
+
+
+def alibi_reach32(num_heads, gap):                         # float32 slopes, a tensor returned
+    slopes = 2.0 ** (-8.0 * torch.arange(1, num_heads + 1, dtype=torch.float32) / num_heads)
+    return (gap / slopes).floor().long() + 1
+
+
+def alibi_reach_by_scanning(num_heads, gap):               # walk out until the bias drops below -gap
+    reach = []
+    for h in range(1, num_heads + 1):
+        d = 0
+        while -(2.0 ** (-8.0 * h / num_heads)) * d >= -gap:
+            d += 1
+        reach.append(d)
+    return reach
+
+
+def reach_at_most(num_heads, gap):                         # a bias of exactly -gap counted as below
+    return [math.ceil(gap / 2.0 ** (-8.0 * h / num_heads)) for h in range(1, num_heads + 1)]
+
+
+def reach_slopes_from_zero(num_heads, gap):
+    return [math.floor(gap / 2.0 ** (-8.0 * (h - 1) / num_heads)) + 1 for h in range(1, num_heads + 1)]
+
+
+def reach_reversed(num_heads, gap):
+    return alibi_reach(num_heads, gap)[::-1]
+
+
+def reach_multiplied(num_heads, gap):
+    return [math.floor(gap * 2.0 ** (-8.0 * h / num_heads)) + 1 for h in range(1, num_heads + 1)]
+
+
+def reach_one_short(num_heads, gap):
+    return alibi_reach(num_heads, gap)[:-1]
+
+
+def reach_head_off(num_heads, gap):
+    return [d + (h == 1) for h, d in enumerate(alibi_reach(num_heads, gap))]
+
+
+def test_alibi_reach_is_where_alibi_bias_drops_below_the_gap():
+    for H, gap in ((8, 10.0), (4, 3.0)):
+        bias = alibi(H, 1, 3000)[:, 0, :].flip(-1)          # distances 0 .. 2999
+        for h, d in enumerate(alibi_reach(H, gap)):
+            assert bias[h, d] < -gap <= bias[h, d - 1]
+
+
 GRADERS = [
     grader_row(check_alibi, correct=[alibi, alibi32], mistakes=[
         (slopes_from_zero, "start at h = 0"),
@@ -225,6 +279,14 @@ GRADERS = [
         (heads_last, "heads are on the last axis"),
         (one_head, "one head's bias for all"),
     ]),
+    grader_row(check_alibi_reach, correct=[alibi_reach, alibi_reach32, alibi_reach_by_scanning], mistakes=[
+        (reach_at_most, "exactly -gap, not below"),
+        (reach_slopes_from_zero, "head 1 has slope 1"),
+        (reach_reversed, "reverse order"),
+        (reach_multiplied, "reaches shrink"),
+        (reach_one_short, "one per head"),
+        (reach_head_off, "head 2's distance"),
+    ], prints="check_alibi_reach: the first distance"),
     grader_row(check_gated_ffn, correct=[Gated, Gated(16, 24).float(), Gated(8, 12, dropout=0.1)], mistakes=[
         (GeluOnTheWrongBranch, "GELU on the wrong branch"),
         (ExactGelu, "tanh approximation"),

@@ -182,11 +182,11 @@ def token_mean_loss(loss_sum, n_local, n_global, world_size):
     return loss_sum * world_size / n_global
 
 
-def per_rank_mean(loss_sum, n_local, n_global, world_size):          # the bug of the exercise
+def per_rank_mean(loss_sum, n_local, n_global, world_size):
     return loss_sum / n_local
 
 
-def forgot_world_size(loss_sum, n_local, n_global, world_size):
+def forgot_world_size(loss_sum, n_local, n_global, world_size):     # the bug of the exercise
     return loss_sum / n_global
 
 
@@ -205,6 +205,11 @@ def detached(loss_sum, n_local, n_global, world_size):
 def test_library_token_mean_loss_passes():
     from transformer_lib.distributed import token_mean_loss as library
     check_token_mean_loss(lambda s, n, N, W: library(s, N, W))
+
+
+def test_the_exercises_bug_is_caught_in_float32_too():
+    with pytest.raises(AssertionError, match="only a fraction"):
+        check_token_mean_loss(forgot_world_size, dtype=torch.float32)
 
 
 def test_per_rank_mean_is_caught_in_float32_too():
@@ -388,7 +393,7 @@ GRADERS = [
     ], prints='check_rank_indices: correct'),
     grader_row(check_token_mean_loss, correct=[token_mean_loss, Call(token_mean_loss, dtype=torch.float32)], mistakes=[
         (per_rank_mean, "ranks with fewer tokens weigh more: in the gradient"),
-        (forgot_world_size, "world_size times too small"),
+        (forgot_world_size, "points the right way, but it is only a fraction"),
         (plain_sum, "not normalised"),
         (per_rank_mean_times_world_size, "per-rank mean times world_size"),
         (detached, "scalar tensor computed from loss_sum"),

@@ -28,14 +28,16 @@ def rope(x, offset, neighbours=False, backwards=False, exponent=2):
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def merge(m1, l1, m2, l2):
-    m = torch.maximum(torch.as_tensor(m1), torch.as_tensor(m2))
-    return m, l1 * torch.exp(m1 - m) + l2 * torch.exp(m2 - m)
-
-
-def rescaled_wrong_way(m1, l1, m2, l2):
-    m = torch.maximum(m1, m2)
-    return m, l1 * torch.exp(m - m1) + l2 * torch.exp(m - m2)
+def merge(L1, O1, L2, O2, weights="shares", guard=True, L_of="logaddexp"):
+    """The merge of two blocks' (log-sum-exp, normalised output), or it with one slip."""
+    L = {"logaddexp": torch.logaddexp(L1, L2), "max": torch.maximum(L1, L2), "sum": L1 + L2,
+         "naive": torch.log(L1.exp() + L2.exp())}[L_of]
+    safe = torch.where(torch.isinf(L), 0.0, L) if guard else L
+    w1, w2 = torch.exp(L1 - safe), torch.exp(L2 - safe)
+    out = {"shares": w1 * O1 + w2 * O2, "swapped": w2 * O1 + w1 * O2, "equal": (O1 + O2) / 2,
+         "unnormalised": L1.exp() * O1 + L2.exp() * O2, "naive": (L1.exp() * O1 + L2.exp() * O2) / L.exp(),
+         "sum": O1 + O2}[weights]
+    return L, out
 
 
 def gqa(q, k, v, repeat="interleave", causal=True, scale=None, axis=-1):
@@ -79,11 +81,20 @@ GRADERS = [
         (lambda q, k, v: gqa(q, k, v, axis=-2).nan_to_num(), "over the queries"),
         (lambda q, k, v: gqa(q[:, :k.size(1)], k, v), "one output head per K/V head"),
     ]),
-    grader_row(check_online_merge, correct=[merge, lambda *a: tuple(v.double() for v in merge(*a))], mistakes=[
-        (lambda m1, l1, m2, l2: (torch.maximum(m1, m2), l1 + l2), "against its own maximum"),
-        (rescaled_wrong_way, "wrong way"),
-        (lambda m1, l1, m2, l2: (torch.maximum(m1, m2), torch.tensor(float("nan"))), "not finite"),  # exp(-inf + inf)
-        (lambda m1, l1, m2, l2: l1 + l2, "pair"),
+    grader_row(check_online_merge, correct=[merge, lambda *a: tuple(v.double() for v in merge(*a)),
+                                            lambda *a: tuple(v.double() for v in merge(*(t.double() for t in a)))],
+               mistakes=[
+        (lambda *a: merge(*a, L_of="naive", weights="naive"), "near 1,000.*overflows"),
+        (lambda *a: merge(*(t.double() for t in a), L_of="naive", weights="naive"), "near 1,000.*overflows"),
+        (lambda *a: merge(*a, guard=False), "both empty"),
+        (lambda *a: merge(*a, L_of="max"), "larger of L1 and L2"),
+        (lambda *a: merge(*a, L_of="sum"), "log of a product"),
+        (lambda *a: merge(*a, weights="equal"), "equal weight"),
+        (lambda *a: merge(*a, weights="swapped"), "other block's weight"),
+        (lambda *a: merge(*a, weights="unnormalised"), "do not sum to 1"),
+        (lambda *a: merge(*a, weights="sum"), "sum O1 \\+ O2"),
+        (lambda *a: merge(*a)[1], "pair \\(L, O\\)"),
+        (lambda *a: (merge(*a)[0].squeeze(-1), merge(*a)[1]), "shape"),
     ]),
     grader_row(check_lora_from_update, correct=[
         lora_from_update,

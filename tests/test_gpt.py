@@ -669,9 +669,30 @@ def test_ablate_heads_removes_its_hooks_on_an_exception():
         assert torch.equal(model(ids), base)
 
 
+def test_ablate_heads_switches_off_a_bert_readers_heads_too():
+    """Chapter 15 ablates the heads of a BERT inside its QA head: layers are the self-attention layers in
+    model.modules() order, and a head off equals its d_k columns of W_o zeroed."""
+    from transformer_lib.bert import BertConfig, BertForQuestionAnswering
+    torch.manual_seed(52)
+    reader = BertForQuestionAnswering(BertConfig(vocab_size=13, max_len=12, d_model=16, num_layers=2, num_heads=4,
+                                                 d_ff=32, dropout=0.0)).double().eval()
+    ids = torch.randint(1, 13, (2, 7))
+    cut = copy.deepcopy(reader)
+    with torch.no_grad():
+        cut.bert.encoder.layers[1].self_attn.W_o.weight[:, 2 * 4:3 * 4] = 0.0
+        with ablate_heads(reader, {1: [2]}):
+            ablated = reader(ids)
+        want = cut(ids)
+    assert max_diff(ablated, want) < ATOL                          # start and end logits (B, S, 2)
+    assert max_diff(ablated, reader(ids)) > 1e-6                   # the head mattered
+    assert no_hooks(reader)
+    with pytest.raises(ValueError, match=r"\bheads: every layer must be an int in \[0, num_layers\) = \[0, 2\)"):
+        ablate_heads(reader, {2: [0]}).__enter__()
+
+
 @pytest.mark.parametrize("model, heads, name", [
-    (nn.Linear(2, 2), {0: [0]}, r"\bmodel must be a GPT"),
-    (None, {0: [0]}, r"\bmodel must be a GPT"),
+    (nn.Linear(2, 2), {0: [0]}, r"\bmodel must be a model with self-attention layers"),
+    (None, {0: [0]}, r"\bmodel must be a model with self-attention layers"),
     ("gpt", [(0, 0)], r"\bheads must be a dict"),
     ("gpt", {0: 1}, r"\bheads\[0\] must be a list"),
     ("gpt", {0: "01"}, r"\bheads\[0\] must be a list"),

@@ -357,18 +357,22 @@ def sequence_nll(model, ids, context: int | None = None) -> float:
 
 # %% ../chapters/11_decoder_only.ipynb #c043u
 @contextlib.contextmanager
-def ablate_heads(model: GPT, heads: dict):
-    """Switch attention heads off inside the block: heads = {layer: [head, ...]} (0-based indices of
-    model.blocks and of the heads). A head's output, its d_k columns of Concat(head_1, ..., head_h), is set to
+def ablate_heads(model: nn.Module, heads: dict):
+    """Switch attention heads off inside the block: heads = {layer: [head, ...]} (0-based indices of the
+    model's self-attention layers, in model.modules() order, and of their heads: a GPT's or Llama's blocks, a BERT's
+    encoder layers, also inside its task heads (Chapter 15's reader)). A head's output, its d_k columns of Concat(head_1, ..., head_h), is set to
     zero before W_o, so it adds nothing to the residual stream (W_o's bias still does). Done with forward
     pre-hooks on W_o, removed when the block ends, by an exception too:
 
         with ablate_heads(gpt, {0: [1]}):          # the first layer's head 1 off
             logits = gpt(tokens)
     """
-    if not isinstance(model, GPT):
-        raise ValueError(f"model must be a GPT, got {describe(model)}")
-    L, h, d_k = model.config.num_layers, model.config.num_heads, model.config.d_model // model.config.num_heads
+    layers = ([m for m in model.modules() if isinstance(getattr(m, "self_attn", None), nn.Module)]
+              if isinstance(model, nn.Module) else [])
+    if not layers:
+        raise ValueError(f"model must be a model with self-attention layers (a GPT, a BERT or its heads, ...), "
+                         f"got {describe(model)}")
+    L, h, d_k = len(layers), layers[0].self_attn.num_heads, layers[0].self_attn.d_k
     if not isinstance(heads, dict):
         raise ValueError(f"heads must be a dict {{layer: [head, ...]}}, got {describe(heads)}")
     for layer, which in heads.items():
@@ -389,8 +393,8 @@ def ablate_heads(model: GPT, heads: dict):
         for layer, which in heads.items():
             if not which:
                 continue
-            W_o = model.blocks[layer].self_attn.W_o
-            columns = torch.zeros(model.config.d_model, dtype=torch.bool, device=W_o.weight.device)
+            W_o = layers[layer].self_attn.W_o
+            columns = torch.zeros(W_o.in_features, dtype=torch.bool, device=W_o.weight.device)
             for i in which:
                 columns[i * d_k:(i + 1) * d_k] = True
             handles.append(W_o.register_forward_pre_hook(zero_columns(columns)))
