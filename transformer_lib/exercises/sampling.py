@@ -3,7 +3,8 @@
 Hand-written, not exported from the chapter: a grader's reference and named slips are the answers, and Colab shows
 every cell of a chapter, so their code stays out of the chapters."""
 
-__all__ = ['check_top_p', 'check_bits_per_byte', 'check_min_p', 'check_nats_per_char', 'check_temperature_for',
+__all__ = ['check_top_p', 'check_bits_per_byte', 'check_min_p', 'check_nats_per_char', 'check_byte_bigram_bpb',
+           'check_temperature_for',
            'check_kv_cache_bytes', 'check_lm_loss']
 
 import math
@@ -146,6 +147,64 @@ def check_nats_per_char(fn) -> None:
     print("check_nats_per_char: bits per byte -> nats per character, correct on 4 cases")
 
 
+def _byte_bigram_bits(train_text, texts, *, alphabet=False, across=False, per_char=False, first=8.0, nats=False):
+    """Bits per byte of the add-one smoothed byte-bigram model of train_text on texts (the definition of
+    check_byte_bigram_bpb), with switches that make the usual slips: alphabet (the add-one over the byte values seen
+    in training, not 256), across (texts scored as one text), per_char (divided by characters), first (the bits of
+    a text's first byte; None: the first byte not counted at all), nats (the later bytes' costs in nats)."""
+    data = list(train_text.encode())
+    counts = torch.zeros(256, 256, dtype=torch.float64)
+    for a, b in zip(data[:-1], data[1:], strict=True):
+        counts[a, b] += 1
+    size = len(set(data)) if alphabet else 256
+    p = (counts + 1) / (counts.sum(1, keepdim=True) + size)
+    bits_of = -(p.log() if nats else p.log2())
+    bits = count = 0
+    for text in (["".join(texts)] if across else texts):
+        b = list(text.encode())
+        bits += (first or 0.0) + sum(bits_of[x, y].item() for x, y in zip(b[:-1], b[1:], strict=True))
+        count += len(b) if first is not None else len(b) - 1
+    characters = sum(map(len, texts)) - (0 if first is not None else len(texts))
+    return bits / (characters if per_char else count)
+
+
+def check_byte_bigram_bpb(fn) -> None:
+    """Test fn(train_text, texts) -> the held-out bits per byte of the add-one smoothed byte-bigram model of
+    train_text (p(b | a) = (n(a b) + 1) / (n(a .) + 256) over the UTF-8 bytes; each text scored on its own, its
+    first byte 8 bits) on texts, a list of strings, on three small cases. Raises AssertionError naming the
+    mistake; prints a verdict."""
+    cases = {
+        "train 'abracadabra', texts ['abra', 'cad']": ("abracadabra", ["abra", "cad"]),
+        "train 'the cat sat on the mat', texts ['a cat', 'the hat']": ("the cat sat on the mat", ["a cat", "the hat"]),
+        "train 'café au lait, crème brûlée', texts ['crème', 'café noir']":
+            ("café au lait, crème brûlée", ["crème", "café noir"]),
+    }
+    for where, (train, texts) in cases.items():
+        got = number(call_reader(fn, f"{where}: your function", train, list(texts)), f"{where}: your answer")
+        if not math.isfinite(got):
+            raise AssertionError(f"{where}: you return {got}: a byte pair that the training text never shows gets "
+                                 "probability 0, which costs infinitely many bits: add one to every count")
+    ln2 = math.log(2)
+    mistakes = {
+        "nats, not bits: use log base 2 (or divide by ln 2)":
+            [lambda train, texts: _byte_bigram_bits(train, texts) * ln2,
+             lambda train, texts: _byte_bigram_bits(train, texts, nats=True)],
+        "divided by the characters, not the bytes: 'é' is two bytes in UTF-8, and the model predicts bytes":
+            lambda train, texts: _byte_bigram_bits(train, texts, per_char=True),
+        "the texts were scored as one: each text starts afresh (its first byte costs 8 bits), no pair spans two "
+        "texts": lambda train, texts: _byte_bigram_bits(train, texts, across=True),
+        "the first byte of each text is left out or free: it costs 8 bits (one of 256 values) and counts as a byte":
+            [lambda train, texts: _byte_bigram_bits(train, texts, first=None),
+             lambda train, texts: _byte_bigram_bits(train, texts, first=0.0)],
+        "the add-one smoothing is over the byte values the training text uses: it is over all 256 byte values, "
+        "so every value the next byte can take gets its one":
+            lambda train, texts: _byte_bigram_bits(train, texts, alphabet=True),
+    }
+    grade(fn, _byte_bigram_bits, {where: (train, list(texts)) for where, (train, texts) in cases.items()},
+          mistakes, says="you return {got:.4f} bits per byte, expected {want:.4f}")
+    print("check_byte_bigram_bpb: bits per byte of the add-one byte bigram, correct on 3 cases")
+
+
 def check_temperature_for(fn) -> None:
     """Test fn(logits (V,), q) -> a temperature tau > 0 at which the most probable token of softmax(logits / tau)
     has probability q (to 1e-5), for 1/V < q < 1, on random logits. Raises AssertionError naming the mistake;
@@ -226,7 +285,8 @@ def check_lm_loss(fn, dtype=torch.float64, seed: int = 0) -> None:
     def slips(model, batch):
         x = batch[0]
         return {
-            "far below the next-token cross-entropy of this untrained model: a loss too good to be true "
+            "far below the next-token cross-entropy of this small random model (its embeddings sharpened): a loss "
+            "too good to be true "
             "(which token is each position scored on?)": ce(model(x), x),
             "shifted the wrong way: every position is scored on the token before it": ce(model(x[:, 1:]), x[:, :-1]),
             "a sum over the tokens, not their mean": ce(model(x[:, :-1]), x[:, 1:], "sum"),
