@@ -211,6 +211,12 @@ def test_library_token_mean_loss_passes():
     check_token_mean_loss(lambda s, n, N, c: library(s, N, c.world_size))
 
 
+def test_the_check_command_grades_the_library_function():
+    from transformer_lib.check import COMPONENTS
+    from transformer_lib.distributed import token_mean_loss as library
+    check_token_mean_loss(COMPONENTS["token_mean_loss"][3](library))     # (loss_sum, n_global, world_size)
+
+
 def test_the_messages_name_the_symptom_not_the_fix():
     for mistake in (forgot_world_size, plain_sum, per_rank_mean_times_world_size):
         with pytest.raises(AssertionError) as error:
