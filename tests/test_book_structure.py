@@ -267,3 +267,38 @@ def test_nbval_reports_each_chapters_span_per_worker(tmp_path):
     assert span["slow.ipynb"] >= 1.5 and span["quick.ipynb"] >= 0     # each span holds its cells (and kernel start)
     assert "seconds per chapter, by worker" in run.stdout
     assert re.search(r"slow\.ipynb\s+\d+ -\s*\d+\s+\d+ s", run.stdout), run.stdout[-2000:]
+
+
+def _solution_cells(nb):
+    """(cell, kind) for the cells of the exercise solutions: the markdown that says 'Solution to exercise N' and the
+    code cells that follow it up to the next heading or exercise text, and any code cell whose first line (after
+    nbval markers) is a '# Solution' comment."""
+    out, inside = [], False
+    for cell in nb.cells:
+        text = cell.source
+        if cell.cell_type == "markdown":
+            if "Solution to exercise" in text:
+                out.append((cell, "prose"))
+                inside = True
+            elif text.lstrip().startswith("#"):
+                inside = False
+            continue
+        lines = [line for line in text.splitlines() if line.strip() and not line.startswith("# NBVAL")]
+        if inside or (lines and re.match(r"#\s*(A )?[Ss]olution", lines[0])):
+            out.append((cell, "code"))
+    return out
+
+
+@pytest.mark.parametrize("path", NUMBERED, ids=lambda p: p.stem)
+def test_solutions_are_folded_in_the_book_and_in_colab(path):
+    """Issue 51: no answer on the page. A solution's prose is a <details> block (folded in the HTML, in Jupyter and
+    in Colab); a solution's code cell is hide-cell, which folds its output too (hide-input left the output, which
+    states some answers, on the page)."""
+    for cell, kind in _solution_cells(nbformat.read(path, as_version=4)):
+        if kind == "prose":
+            assert cell.source.lstrip().startswith("<details>") and cell.source.rstrip().endswith("</details>"), \
+                f"{cell.get('id')}: a solution's prose goes in a <details> block: {cell.source[:80]!r}"
+        else:
+            tags = cell.metadata.get("tags", [])
+            assert "hide-cell" in tags or "remove-cell" in tags, \
+                f"{cell.get('id')}: a solution's code cell is tagged hide-cell (it has {tags}): {cell.source[:80]!r}"

@@ -1,16 +1,17 @@
-"""The graders of Chapter 16's exercises (the tokenizer), imported by the chapter's exercise cells.
+"""The graders of Chapter 16's exercises (the tokenizer, instruction tuning), imported by the chapter's exercise cells.
 
 Hand-written, not exported from the chapter: a grader's reference and named slips are the answers, and Colab shows
 every cell of a chapter, so their code stays out of the chapters."""
 
-__all__ = ['check_stream_decode', 'check_bpe_merges']
+__all__ = ['check_stream_decode', 'check_bpe_merges', 'check_last_turn_labels']
 
 import codecs
 import collections
 import functools
 from itertools import pairwise
 
-from ..assistant import BYTE_CHARS, merge_pair, train_byte_bpe
+from ..assistant import BYTE_CHARS, ChatTemplate, merge_pair, train_byte_bpe
+from ..bert import IGNORE_INDEX
 from .grading import call_reader
 from ..validation import describe
 
@@ -193,3 +194,76 @@ def check_bpe_merges(fn) -> None:
         i = next(i for i in range(len(want)) if got[i] != want[i])
         raise AssertionError(f"{where}: merge {i} is {got[i]}, expected {want[i]}")
     print(f"check_bpe_merges: correct on {len(_MERGE_CASES)} small vocabularies (weights, ties, overlapping pairs)")
+
+# --- exercise 3: a loss on the last answer only
+
+
+def _last_turn_labels(template, conversation, slip=None) -> tuple:
+    """The reference (slip None) and its slips: "unshifted" (labels[t] = ids[t]), "no end" (the closing <|end|>
+    unlabelled), "role" (the <|assistant|> token labelled), "every turn" (every assistant turn labelled, as
+    render marks them), "everything" (every token labelled)."""
+    ids, trained = template.render(conversation)
+    start = len(template.render(conversation[:-1])[0]) if len(conversation) > 1 else 0   # the last <|assistant|>
+    keep = [i > start for i in range(len(ids))]
+    if slip == "no end":
+        keep[-1] = False
+    elif slip == "role":
+        keep[start] = True
+    elif slip == "every turn":
+        keep = list(trained)
+    elif slip == "everything":
+        keep = [True] * len(ids)
+    targets = ids[:-1] if slip == "unshifted" else ids[1:]
+    flags = keep[:-1] if slip == "unshifted" else keep[1:]
+    return ids[:-1], [i if k else IGNORE_INDEX for i, k in zip(targets, flags, strict=True)]
+
+
+_CONVERSATIONS = [
+    [("user", "sort: b a c"), ("assistant", "a b c")],
+    [("user", "hi"), ("assistant", "hello, café"), ("user", "and now?"), ("assistant", "ok 🙂 done")],
+    [("user", "1"), ("assistant", "one"), ("user", "2"), ("assistant", "two"), ("user", "3"), ("assistant", "three")],
+    [("user", "say nothing"), ("assistant", "")],
+]
+_LAST_TURN_MISTAKES = {
+    "unshifted": "labels are not shifted: labels[t] is the token the model should write after reading inputs[t], "
+                 "that is ids[t + 1], not ids[t]",
+    "no end": "the <|end|> that closes the last answer carries no loss: the model would never learn to stop",
+    "role": "the <|assistant|> token is labelled: the template writes it, the model does not have to",
+    "every turn": "the earlier assistant turns are labelled: they are context here; only the last answer "
+                  "(and its <|end|>) carries a loss",
+    "everything": "every token is labelled, the user's turns too: only the last answer (and its <|end|>) carries "
+                  "a loss",
+}
+
+
+def check_last_turn_labels(fn) -> None:
+    """Test fn(template, conversation) -> (inputs, labels), each len(ids) - 1 token ids (lists or 1-D tensors),
+    ids = template.render(conversation)[0]: inputs = ids[:-1]; labels[t] = ids[t + 1] where that token is in the
+    text of the last assistant turn or is the <|end|> that closes it, else IGNORE_INDEX (-100). Conversations of
+    one to three exchanges, one with an empty last answer. Raises AssertionError naming the mistake; prints a
+    verdict."""
+    template = ChatTemplate(_stream_tokenizer())
+    for conversation in _CONVERSATIONS:
+        where = f"conversation {conversation}"
+        got = call_reader(fn, f"my_last_turn_labels(template, {where})", template, [tuple(t) for t in conversation])
+        if not (isinstance(got, (list, tuple)) and len(got) == 2):
+            raise AssertionError(f"{where}: return a pair (inputs, labels), got {describe(got)}")
+        got = [g.tolist() if hasattr(g, "tolist") else g for g in got]
+        want = _last_turn_labels(template, conversation)
+        n = len(want[0])
+        if not all(isinstance(g, (list, tuple)) and len(g) == n and all(isinstance(x, int) for x in g) for g in got):
+            raise AssertionError(f"{where}: return inputs and labels as {n} token ids each (len(ids) - 1: the last "
+                                 f"token is no input, the first no label), got {describe(got[0])} and "
+                                 f"{describe(got[1])}")
+        inputs, labels = list(got[0]), list(got[1])
+        if inputs != want[0]:
+            raise AssertionError(f"{where}: inputs must be the rendered ids without the last one, ids[:-1]")
+        if labels == want[1]:
+            continue
+        for slip, message in _LAST_TURN_MISTAKES.items():
+            if labels == _last_turn_labels(template, conversation, slip)[1]:
+                raise AssertionError(f"{where}: {message}")
+        t = next(t for t in range(n) if labels[t] != want[1][t])
+        raise AssertionError(f"{where}: labels[{t}] is {labels[t]}, expected {want[1][t]}")
+    print(f"check_last_turn_labels: correct on {len(_CONVERSATIONS)} conversations (one to three exchanges, an "
+          "empty last answer)")
