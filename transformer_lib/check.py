@@ -79,9 +79,10 @@ def _length_penalty_as_score(fn):
 
 def _token_mean_loss_with_n_local(fn):
     """The library's token_mean_loss(loss_sum, n_global, world_size) as check_token_mean_loss calls it,
-    fn(loss_sum, n_local, n_global, world_size); a four-argument function is graded as it is."""
+    fn(loss_sum, n_local, n_global, context), context being the rank's DistributedContext; a four-argument
+    function is graded as it is."""
     if _arity(fn) == 3:
-        return lambda loss_sum, n_local, n_global, world_size: fn(loss_sum, n_global, world_size)
+        return lambda loss_sum, n_local, n_global, context: fn(loss_sum, n_global, context.world_size)
     return fn
 
 

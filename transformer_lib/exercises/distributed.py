@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..distributed import rng_state, set_rng_state, training_state
+from ..distributed import DistributedContext, rng_state, set_rng_state, training_state
 from .grading import Verdict, call_reader, close_to, grade, number
 
 
@@ -173,7 +173,8 @@ def check_rank_indices(fn, seed: int = 0) -> None:
 
 def _shard_gradients(loss_for_rank, world_size, dtype, seed):
     """One global batch of padded token targets, split into world_size shards (rank r: rows r*B/W ...), each rank's
-    loss_for_rank(loss_sum, n_local, n_global, world_size) differentiated, the gradients averaged as DDP does.
+    loss_for_rank(loss_sum, n_local, n_global, context) differentiated (context: that rank's DistributedContext),
+    the gradients averaged as DDP does.
     Returns (that average, the single-process gradient of the token mean)."""
     g = torch.Generator().manual_seed(seed)
     B, T, d, V = 8, 6, 5, 7
@@ -197,7 +198,8 @@ def _shard_gradients(loss_for_rank, world_size, dtype, seed):
     b = B // world_size
     for rank in range(world_size):
         w, s, n_local = loss_sum(slice(rank * b, (rank + 1) * b))
-        loss = loss_for_rank(s, n_local, n_global, world_size)
+        context = DistributedContext(rank, world_size, rank, torch.device("cpu"))
+        loss = loss_for_rank(s, n_local, n_global, context)
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.requires_grad:
             raise AssertionError(f"return a scalar tensor computed from loss_sum (so that backward() reaches the "
                                  f"weights), got {loss!r}"[:300])
@@ -207,25 +209,26 @@ def _shard_gradients(loss_for_rank, world_size, dtype, seed):
 
 
 def check_token_mean_loss(fn, dtype=torch.float64, seed: int = 0) -> None:
-    """Test fn(loss_sum, n_local, n_global, world_size) -> the loss each rank calls backward() on, under DDP.
+    """Test fn(loss_sum, n_local, n_global, context) -> the loss each rank calls backward() on, under DDP.
     loss_sum: a scalar tensor, the sum of this rank's token losses; n_local: its real (non-padding) tokens;
-    n_global: the tokens of all ranks together. Simulates 2 and 4 ranks in one process on a padded batch whose
-    shards hold different numbers of tokens, averages the ranks' gradients as DDP does, and compares with the
-    gradient of the token mean of the whole batch in one process. Names ranks with fewer tokens weighing more, a
-    forgotten factor world_size and an unnormalised sum."""
+    n_global: the tokens of all ranks together; context: this rank's DistributedContext (rank, world_size, ...).
+    Simulates 2 and 4 ranks in one process on a padded batch whose shards hold different numbers of tokens,
+    averages the ranks' gradients as DDP does, and compares with the gradient of the token mean of the whole batch
+    in one process. Its messages describe the symptom (direction, size, dependence on the ranks), not the fix."""
     mistakes = {
         "ranks with fewer tokens weigh more: in the gradient DDP averages, a token of a short shard counts more "
         "than a token of a long shard, so the average is not one process's token-mean gradient (section 13.3)":
-            lambda s, n, N, W: s / n,
+            lambda s, n, N, c: s / n,
         "the averaged gradient points the right way, but it is only a fraction of one process's token-mean "
-        "gradient, and the more ranks, the smaller the fraction": lambda s, n, N, W: s / N,
-        "the sum is not normalised: divide it by the global token count n_global (times world_size, "
-        "which DDP's average divides out)": lambda s, n, N, W: s,
-        "per-rank mean times world_size: the token counts of the ranks still differ; use n_global":
-            lambda s, n, N, W: s * W / n,
+        "gradient, and the more ranks, the smaller the fraction": lambda s, n, N, c: s / N,
+        "the averaged gradient points the right way, but it is many times one process's token-mean gradient: "
+        "it grows with the number of tokens in the batch": lambda s, n, N, c: s,
+        "the overall size is about right, but ranks with fewer tokens still weigh more: a token of a short shard "
+        "counts more than a token of a long shard": lambda s, n, N, c: s * c.world_size / n,
     }
     grade(lambda world_size: _shard_gradients(fn, world_size, dtype, seed)[0].to(dtype),
-          lambda world_size: _shard_gradients(lambda s, n, N, W: s * W / N, world_size, torch.float64, seed)[1],
+          lambda world_size: _shard_gradients(lambda s, n, N, c: s * c.world_size / N, world_size, torch.float64,
+                                              seed)[1],
           {f"{world_size} ranks": (world_size,) for world_size in (2, 4)},
           {message: lambda world_size, wrong=wrong: _shard_gradients(wrong, world_size, dtype, seed)[0]
            for message, wrong in mistakes.items()},
