@@ -120,8 +120,10 @@ COMPONENTS = {
     "parameter_count": ((), "decoder:check_parameter_count", "chapter 7, exercise 2", None),
     "two_way_tied": ((), "decoder:check_two_way_tying", "chapter 7, exercise 3", None),
     "causal_mask": ((), "decoder:check_future_mask", "chapter 7, exercise 4", _causal_mask_as_future_mask),
-    "label_smoothing_loss": ((), "training:check_label_smoothing", "chapter 8, exercise 1", None),
-    "length_penalty": ((), "training:check_length_penalty", "chapter 8, exercise 2", _length_penalty_as_score),
+    "label_smoothing_loss": ((), "training:check_label_smoothing", "chapter 8, label smoothing", None),
+    "others_smoothing": ((), "training:check_others_smoothing", "chapter 8, exercise 1", None),
+    "length_penalty": ((), "training:check_length_penalty", "chapter 8, beam search", _length_penalty_as_score),
+    "tie_alpha": ((), "training:check_tie_alpha", "chapter 8, exercise 2", None),
     "noam_lr": ((), "training:check_noam", "chapter 8, the paper's schedule", None),
     "cosine_lr": ((), "training:check_cosine_lr", "chapter 8, exercise 3", None),
     "encoder_layer_flops": ((), "complexity:check_encoder_layer_flops", "chapter 9, section 9.3", None),
@@ -129,12 +131,16 @@ COMPONENTS = {
     "pool": ((), "classifier:check_pooling", "chapter 10, section 10.3", None),
     "AttentionPool": ((), "classifier:check_attention_pooling", "chapter 10, exercise 1", None),
     "context_free_loss": ((), "classifier:check_context_free_loss", "chapter 10, exercise 4", None),
-    "top_p": ((), "sampling:check_top_p", "chapter 11, exercise 1", None),
-    "bits_per_byte": ((), "sampling:check_bits_per_byte", "chapter 11, exercise 2", None),
+    "top_p": ((), "sampling:check_top_p", "chapter 11, sampling", None),
+    "min_p": ((), "sampling:check_min_p", "chapter 11, exercise 1", None),
+    "bits_per_byte": ((), "sampling:check_bits_per_byte", "chapter 11, bits per byte", None),
+    "byte_bigram_bpb": ((), "sampling:check_byte_bigram_bpb", "chapter 11, exercise 2", None),
+    "temperature_for": ((), "sampling:check_temperature_for", "chapter 11, exercise 3", None),
     "kv_cache_bytes": ((), "sampling:check_kv_cache_bytes", "chapter 11, section 11.7", None),
     "lm_loss": ((), "sampling:check_lm_loss", "chapter 11, exercise 4", None),
     "relative_position_bucket": ((), "t5:check_buckets", "chapter 12, section 12.1", None),
     "alibi_bias": ((), "t5:check_alibi", "chapter 12, exercise 1", None),
+    "alibi_reach": ((), "t5:check_alibi_reach", "chapter 12, exercise 1", None),
     "GatedFeedForward": ((), "t5:check_gated_ffn", "chapter 12, exercise 2", None),
     "overlapping_patchify": ((), "t5:check_overlapping_patches", "chapter 12, exercise 4", None),
     "who_reads": ((), "distributed:check_who_reads", "chapter 13, exercise 1", None),
@@ -143,13 +149,16 @@ COMPONENTS = {
                         _token_mean_loss_with_n_local),
     "rng_state": (("set_rng_state",), "distributed:check_rng_restore", "chapter 13, section 13.4", None),
     "resume": ((), "distributed:check_resume", "chapter 13, exercise 4", None),
+    "rope": ((), "llama:check_rope", "chapter 14, exercise 1", None),
+    "gqa": ((), "llama:check_gqa_attention", "chapter 14, exercise 2", None),
+    "online_merge": ((), "llama:check_online_merge", "chapter 14, exercise 3", None),
 }
 
 # The exercises' names for the same components: my_<name> is read as <name>, and these as well.
 ALIASES = {"my_attention": "scaled_dot_product_attention", "my_encoding": "sinusoidal_encoding",
            "my_label_smoothing": "label_smoothing_loss", "my_buckets": "relative_position_bucket",
            "save_generators": "rng_state", "restore_generators": "set_rng_state",
-           "fixed_future_mask": "causal_mask"}
+           "fixed_future_mask": "causal_mask", "my_merge": "online_merge"}
 
 
 def _canonical(name: str):
