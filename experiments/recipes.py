@@ -804,13 +804,175 @@ def writer(out: str, device: str) -> dict:
                      "transformer_lib.applications.finetune_t5", lambda h: h["tokens_seen"])
 
 
+SFT_SPLITS = ("test_prompts", "test_phrasings")
+
+
+@functools.cache
+def sft_setup() -> dict:
+    """Chapter 16.2's supervised instruction tuning: Chapter 11's tokenizer (checked to give the gpt recipe's
+    training ids), the chat template over it, the generated instructions (three tasks, 2,000 training examples
+    each, 60 held-out prompts and 60 prompts in held-out phrasings each), the GPT configuration with the three chat
+    tokens, finetune_chat's arguments; evaluate: the masked loss of the held-out prompts' answers."""
+    from transformer_lib.assistant import (
+        ByteBPE,
+        ChatTemplate,
+        instruction_data,
+        render_examples,
+        sft_collate,
+        sft_loss,
+        tokenizers_vocab_and_merges,
+    )
+    from transformer_lib.gpt import TRAIN_MODULES, encode_modules, stdlib_sources, train_bpe
+    from transformer_lib.training import data_sha256, inference, model_device, recipe_record, to_device
+
+    gpt_record = recipe_record("gpt")
+    sources = stdlib_sources(TRAIN_MODULES)
+    hf = train_bpe(sources.values(), gpt_record["args"]["config"]["vocab_size"])
+    if data_sha256(encode_modules(hf, sources.values()).tolist()) != gpt_record["data"]["train_ids_sha256"]:
+        raise RuntimeError("this Python's standard library does not give the gpt recipe's tokenizer: the sft recipe "
+                           f"runs on Python {gpt_record['python']}")
+    vocab, merges = tokenizers_vocab_and_merges(hf)
+    ids = {t: i for i, t in enumerate(vocab)}
+    template = ChatTemplate(ByteBPE(vocab, [(ids[a], ids[b]) for a, b in merges], ["<|endoftext|>"]))
+    args = {"n_train": 2000, "n_test": 60, "data_seed": 0, "steps": 400, "batch_size": 32, "lr": 1e-3,
+            "warmup_steps": 20, "weight_decay": 0.1, "betas": [0.9, 0.95], "clip_norm": 1.0, "eval_every": 100,
+            "seeds": [0, 1, 2]}
+    data = instruction_data(args["n_train"], args["n_test"], args["data_seed"])
+    for _, request, answer in data["train"][:500]:          # ours encodes as tokenizers does (16.1's proof)
+        assert template.tok.encode(request) == hf.encode(request).ids and template.tok.encode(answer) == hf.encode(answer).ids
+    train = render_examples(template, data["train"])
+    test = sft_collate(render_examples(template, data["test_prompts"]), template.end_id)
+    config = dataclasses.replace(load_gpt_config(), vocab_size=template.vocab_size)
+    return {"config": config, "template": template, "tokenizer": {"vocab": vocab, "merges": [list(m) for m in merges]},
+            "instructions": data, "train": train,
+            "data": {"tokenizer_sha256": data_sha256([vocab, [list(m) for m in merges]]),
+                     "instructions_sha256": {k: data_sha256(v) for k, v in data.items()},
+                     "pretrained_sha256": gpt_record["files"]["final.pt"]["sha256"]},
+            "args": args,
+            "evaluate": inference(lambda m: sft_loss(m, to_device(test, model_device(m))).item())}
+
+
+def load_gpt_config():
+    """The configuration of the gpt recipe's model (Chapter 11's GPT), from its record."""
+    from transformer_lib.gpt import GPTConfig
+    from transformer_lib.training import recipe_record
+
+    return GPTConfig(**recipe_record("gpt")["args"]["config"])
+
+
+def sft_model(s: dict, init: str, seed: int):
+    """seed_everything(seed), then the model to tune: "pretrained", the gpt recipe's GPT with three rows added for
+    the chat tokens (add_chat_rows: the mean of the old rows, no random draw), or "scratch", a fresh GPT of the same
+    configuration (GPT-2's random initialisation)."""
+    from transformer_lib.assistant import add_chat_rows
+    from transformer_lib.gpt import GPT
+    from transformer_lib.training import load_recipe
+    from transformer_lib.utils import seed_everything
+
+    pretrained = load_recipe("gpt")[0] if init == "pretrained" else None   # read before the seeded draws
+    seed_everything(seed)
+    if init == "pretrained":
+        return add_chat_rows(pretrained, s["config"].vocab_size)
+    if init == "scratch":
+        return GPT(s["config"])
+    raise ValueError(f"init must be 'pretrained' or 'scratch', got {init!r}")
+
+
+def sft_fit(s: dict, init: str = "pretrained", seed: int = 0, device: str = "cpu", stop_after=None, evaluate=None):
+    """One of Chapter 16.2's runs: sft_model(s, init, seed), then finetune_chat on the rendered training examples
+    in an order fixed by seed."""
+    from transformer_lib.assistant import finetune_chat
+
+    a = s["args"]
+    model = sft_model(s, init, seed).to(device)
+    kwargs = dict(steps=a["steps"], batch_size=a["batch_size"], lr=a["lr"], warmup_steps=a["warmup_steps"],
+                  weight_decay=a["weight_decay"], betas=tuple(a["betas"]), clip_norm=a["clip_norm"], seed=seed,
+                  evaluate=evaluate, eval_every=a["eval_every"], stop_after=stop_after)
+    history = finetune_chat(model, s["train"], s["template"].end_id, **kwargs)
+    history["call"] = call_arguments(finetune_chat, model, [], 0, skip=("model", "examples", "pad_id", "evaluate"),
+                                     **kwargs)
+    return model, history
+
+
+def sft_first_steps(k: int) -> list:
+    """The losses of the sft recipe's first k steps (the pre-trained GPT, seed 0)."""
+    return sft_fit(sft_setup(), stop_after=k)[1]["loss"]
+
+
+def sft_accuracy(s: dict, model) -> dict:
+    """{split: {task: exact match}} of the model's greedy answers on the two held-out sets, and the answers."""
+    from transformer_lib.assistant import exact_match
+
+    out = {split: exact_match(model, s["template"], s["instructions"][split]) for split in SFT_SPLITS}
+    return {split: {k: v for k, v in r.items() if k != "answers"} for split, r in out.items()}, \
+        {split: r["answers"] for split, r in out.items()}
+
+
+def half_rounded(model):
+    """The model with every weight rounded to float16 and back (what a float16 checkpoint holds)."""
+    import copy
+
+    rounded = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in rounded.parameters():
+            p.copy_(p.half().float())
+    return rounded
+
+
+@recipe
+def sft(out: str, device: str) -> dict:
+    """Chapter 16.2: the gpt recipe's GPT tuned on chat-formatted instructions (reverse or sort a list of words,
+    write a number in words; 400 steps of 32 examples), and the same GPT trained from scratch on the same examples
+    with the same settings, seeds 0, 1 and 2 each; one file: the tuned GPT of seed 0, with the control of seed 0 and
+    the tokenizer as extra entries, each model in float16 where that changes none of its answers on the held-out
+    sets (else float32). Every run's accuracy on the held-out sets is in the record."""
+    from transformer_lib.training import save_checkpoint
+
+    s = sft_setup()
+    a = s["args"]
+    start = time.perf_counter()
+    before, _ = sft_accuracy(s, sft_model(s, "pretrained", 0))
+    runs, kept = {}, {}
+    for init in ("pretrained", "scratch"):
+        for seed in a["seeds"]:
+            name = f"{init}, seed {seed}"
+            model, h = sft_fit(s, init, seed, device, evaluate=s["evaluate"])
+            model = model.cpu().eval()
+            accuracy, answers = sft_accuracy(s, model)
+            rounded = half_rounded(model)
+            accuracy16, answers16 = sft_accuracy(s, rounded)
+            changed = sum(x != y for split in SFT_SPLITS for x, y in zip(answers[split], answers16[split], strict=True))
+            runs[name] = {k: h[k] for k in ("loss", "lr", "eval_step", "eval", "seconds")} | {
+                "optimizer": h["optimizer"], "accuracy": accuracy, "accuracy_float16": accuracy16,
+                "float16_changed_answers": changed, "eval_float16": s["evaluate"](rounded)}
+            if seed == 0:         # kept in float16 only where that changes none of its answers
+                kept[init], call = (rounded.half() if changed == 0 else model), h["call"]
+    seconds = time.perf_counter() - start
+    first = runs["pretrained, seed 0"]
+    save_checkpoint(os.path.join(out, "final.pt"), kept["pretrained"], step=a["steps"],
+                    scratch=kept["scratch"].state_dict(), tokenizer=s["tokenizer"])
+    history = {k: first[k] for k in ("loss", "lr", "eval_step", "eval")}
+    if kept["pretrained"].token.weight.dtype == torch.float16:          # the last: of the saved weights
+        history["eval"] = history["eval"][:-1] + [first["eval_float16"]]
+    examples = 6 * a["steps"] * a["batch_size"]
+    return {"chapter": "16_assistant", "function": "transformer_lib.assistant.finetune_chat",
+            "args": {"config": dataclasses.asdict(s["config"]), **a}, "data": s["data"], "seed": 0,
+            "steps": a["steps"], "examples_seen": examples,
+            "tokens_seen": round(examples * sum(len(ids) for ids, _ in s["train"]) / len(s["train"])),  # mean length
+            "seconds": seconds, "call": call, "optimizer": first["optimizer"], "history": history,
+            "history_note": "eval: the masked loss of the held-out prompts' answers, its last entry that of the saved "
+                            "weights (float16 where that changes no answer; runs[...]['eval'] holds the float32 "
+                            "one); runs[...]['accuracy']: exact match of the float32 weights",
+            "before": before, "runs": runs, "final": "final.pt", "files": {"final.pt": {"step": a["steps"]}}}
+
+
 SETUPS = {"translator": translator_setup, "gpt": gpt_setup, "t5": t5_setup, "vit": vit_setup,   # tests/test_recipes.py
           "variants": variants_setup, "encoders": encoders_setup, "reader": reader_setup, "writer": writer_setup,
-          "docstring_t5": docstring_t5_setup}
+          "docstring_t5": docstring_t5_setup, "sft": sft_setup}
 FIRST_STEPS = {"translator": translator_first_steps, "gpt": gpt_first_steps, "t5": t5_first_steps,
                "vit": vit_first_steps, "variants": variants_first_steps, "encoders": encoders_first_steps,
                "reader": reader_first_steps, "writer": writer_first_steps,
-               "docstring_t5": docstring_t5_first_steps}
+               "docstring_t5": docstring_t5_first_steps, "sft": sft_first_steps}
 
 
 def environment() -> dict:

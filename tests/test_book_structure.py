@@ -1,6 +1,9 @@
 """The book's own invariants: every chapter is in the TOC, has the generated setup cell, is stored executed."""
 
+import ast
+import importlib
 import os
+import pkgutil
 import re
 import subprocess
 import sys
@@ -45,9 +48,62 @@ def test_chapter_layout(path):
         assert "## Summary" in text and "## Exercises" in text
     assert "{cite}`" in text, "cites its sources"
     assert any(c.source.startswith("#| export") for c in code)
-    graders = [c for c in code if c.source.startswith("#| export exercises")]
-    assert all("remove-cell" in c.metadata.get("tags", []) for c in graders), \
-        "the graders' code is not in the HTML (remove-cell): their references and slips would give answers away"
+
+
+def graders() -> dict[str, str]:
+    """Every grader of the book, check_* of a module of transformer_lib.exercises -> that module's name."""
+    import transformer_lib.exercises as pkg
+    found = {}
+    for info in pkgutil.iter_modules(pkg.__path__):
+        module = importlib.import_module(f"{pkg.__name__}.{info.name}")
+        found |= {n: module.__name__ for n in vars(module) if n.startswith("check_") and callable(getattr(module, n))}
+    return found
+
+
+def code_tree(cell) -> ast.Module:
+    """A code cell's syntax tree, without its IPython magics and shell lines."""
+    return ast.parse("\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!"))))
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_no_chapter_cell_defines_a_grader(path):
+    """Colab shows every cell, hidden or not, and a grader's reference and named slips give its exercise's answer
+    away: the graders and the check command are hand-written modules that the chapters only import."""
+    known = graders()
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type != "code":
+            continue
+        assert not re.search(r"^#\|\s*export\w*\s+(exercises\b|check\s*$)", cell.source, re.M), \
+            f"cell {cell.id} exports a grader: graders are hand-written in transformer_lib/exercises/"
+        assert "transformer_lib.exercises.grading" not in cell.source, \
+            f"cell {cell.id} uses the graders' toolkit: write the grader in transformer_lib/exercises/"
+        defined = {n.name for n in ast.walk(code_tree(cell)) if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+        assert not defined & known.keys(), f"cell {cell.id} defines the grader(s) {sorted(defined & known.keys())}"
+
+
+@pytest.mark.parametrize("path", NUMBERED, ids=lambda p: p.stem)
+def test_every_grader_a_chapter_calls_is_imported_from_the_library(path):
+    """Each grader a chapter calls is imported from transformer_lib.exercises (the chapter's own check_* functions
+    are input checks of its model code), and the graders its exercises name are imported by a cell the reader sees."""
+    cells = nbformat.read(path, as_version=4).cells
+    known = graders()
+    own, imported, seen = set(), set(), set()
+    for cell in (c for c in cells if c.cell_type == "code"):
+        tree = code_tree(cell)
+        own |= {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("transformer_lib.exercises."):
+                for alias in node.names:
+                    assert known.get(alias.name) == node.module, f"{alias.name} is not a grader of {node.module}"
+                imported |= {alias.name for alias in node.names}
+                if not {"hide-input", "remove-cell"} & set(cell.metadata.get("tags", [])):
+                    seen |= {alias.name for alias in node.names}
+    called = {name for c in cells if c.cell_type == "code" for name in re.findall(r"\b(check_\w+)\s*\(", c.source)}
+    missing = (called & known.keys()) - own - imported
+    assert not missing, f"graders called but not imported from transformer_lib.exercises: {sorted(missing)}"
+    start = next(i for i, c in enumerate(cells) if c.cell_type == "markdown" and re.search(r"^## Exercises", c.source, re.M))
+    named = {n for c in cells[start:] if c.cell_type == "markdown" for n in re.findall(r"\bcheck_\w+", c.source)}
+    assert named <= seen, f"graders the exercises name without a visible import: {sorted(named - seen)}"
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
@@ -211,3 +267,38 @@ def test_nbval_reports_each_chapters_span_per_worker(tmp_path):
     assert span["slow.ipynb"] >= 1.5 and span["quick.ipynb"] >= 0     # each span holds its cells (and kernel start)
     assert "seconds per chapter, by worker" in run.stdout
     assert re.search(r"slow\.ipynb\s+\d+ -\s*\d+\s+\d+ s", run.stdout), run.stdout[-2000:]
+
+
+def _solution_cells(nb):
+    """(cell, kind) for the cells of the exercise solutions: the markdown that says 'Solution to exercise N' and the
+    code cells that follow it up to the next heading or exercise text, and any code cell whose first line (after
+    nbval markers) is a '# Solution' comment."""
+    out, inside = [], False
+    for cell in nb.cells:
+        text = cell.source
+        if cell.cell_type == "markdown":
+            if "Solution to exercise" in text:
+                out.append((cell, "prose"))
+                inside = True
+            elif text.lstrip().startswith("#"):
+                inside = False
+            continue
+        lines = [line for line in text.splitlines() if line.strip() and not line.startswith("# NBVAL")]
+        if inside or (lines and re.match(r"#\s*(A )?[Ss]olution", lines[0])):
+            out.append((cell, "code"))
+    return out
+
+
+@pytest.mark.parametrize("path", NUMBERED, ids=lambda p: p.stem)
+def test_solutions_are_folded_in_the_book_and_in_colab(path):
+    """Issue 51: no answer on the page. A solution's prose is a <details> block (folded in the HTML, in Jupyter and
+    in Colab); a solution's code cell is hide-cell, which folds its output too (hide-input left the output, which
+    states some answers, on the page)."""
+    for cell, kind in _solution_cells(nbformat.read(path, as_version=4)):
+        if kind == "prose":
+            assert cell.source.lstrip().startswith("<details>") and cell.source.rstrip().endswith("</details>"), \
+                f"{cell.get('id')}: a solution's prose goes in a <details> block: {cell.source[:80]!r}"
+        else:
+            tags = cell.metadata.get("tags", [])
+            assert "hide-cell" in tags or "remove-cell" in tags, \
+                f"{cell.get('id')}: a solution's code cell is tagged hide-cell (it has {tags}): {cell.source[:80]!r}"

@@ -2,6 +2,7 @@
 and typical mistakes are caught with a message that names them."""
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from helpers import Call, grader_row
 
 from transformer_lib.exercises.sampling import (
     check_bits_per_byte,
+    check_byte_bigram_bpb,
     check_kv_cache_bytes,
     check_lm_loss,
     check_min_p,
@@ -122,6 +124,51 @@ def turned_around(logits, m):
 def returns_probabilities(logits, m):
     probs = logits.softmax(-1)
     return probs.masked_fill(probs < m * probs.amax(-1, keepdim=True), float("-inf"))
+
+
+# --- exercise 2: a byte-bigram model's bits per byte
+
+
+def byte_bigram(train_text, texts, dtype=torch.float64, per_char=False, joined=False, first=8.0, seen_only=False,
+                log=torch.log2):
+    data = torch.tensor(list(train_text.encode()))
+    counts = torch.bincount(data[:-1] * 256 + data[1:], minlength=256 * 256).view(256, 256).to(dtype)
+    size = len(set(data.tolist())) if seen_only else 256
+    bits_of = -log((counts + 1) / (counts.sum(1, keepdim=True) + size))
+    bits = total = 0
+    for text in (["".join(texts)] if joined else texts):
+        b = torch.tensor(list(text.encode()))
+        bits += first + bits_of[b[:-1], b[1:]].sum()
+        total += len(b)
+    return (bits / (sum(map(len, texts)) if per_char else total)).item()
+
+
+def byte_bigram_dict(train_text, texts):                           # another way: dictionaries, pure Python
+    data = train_text.encode()
+    pairs, starts = {}, {}
+    for a, b in zip(data[:-1], data[1:], strict=True):
+        pairs[a, b] = pairs.get((a, b), 0) + 1
+        starts[a] = starts.get(a, 0) + 1
+    bits = total = 0
+    for text in texts:
+        b = text.encode()
+        bits += 8 + sum(-math.log2((pairs.get((x, y), 0) + 1) / (starts.get(x, 0) + 256))
+                        for x, y in zip(b[:-1], b[1:], strict=True))
+        total += len(b)
+    return bits / total
+
+
+def byte_bigram_unsmoothed(train_text, texts):
+    data = torch.tensor(list(train_text.encode()))
+    counts = torch.bincount(data[:-1] * 256 + data[1:], minlength=256 * 256).view(256, 256).double()
+    bits_of = -(counts / counts.sum(1, keepdim=True)).log2()
+    return sum(8 + bits_of[b[:-1], b[1:]].sum().item() for b in (torch.tensor(list(t.encode())) for t in texts)) \
+        / sum(len(t.encode()) for t in texts)
+
+
+def test_byte_bigram_asks_for_a_number():
+    with pytest.raises(AssertionError, match="must be one number"):
+        check_byte_bigram_bpb(lambda train_text, texts: None)
 
 
 # --- exercise 2: nats per character
@@ -320,6 +367,15 @@ GRADERS = [
         (divided_by_ln2, "divided by ln 2"),
         (chars_ignored, "characters per byte are left out"),
     ], prints="check_nats_per_char: bits per byte"),
+    grader_row(check_byte_bigram_bpb, correct=[byte_bigram, byte_bigram_dict, partial(byte_bigram, dtype=torch.float32)],
+               mistakes=[
+        (partial(byte_bigram, log=torch.log), "nats, not bits"),
+        (partial(byte_bigram, per_char=True), "divided by the characters, not the bytes"),
+        (partial(byte_bigram, joined=True), "the texts were scored as one"),
+        (partial(byte_bigram, first=0.0), "first byte of each text is left out or free"),
+        (partial(byte_bigram, seen_only=True), "over the byte values the training text uses"),
+        (byte_bigram_unsmoothed, "add one to every count"),
+    ], prints="check_byte_bigram_bpb: bits per byte of the add-one byte bigram"),
     grader_row(check_temperature_for, correct=[temperature_for, temperature_for32], mistakes=[
         (reciprocal, "return its reciprocal"),
         (search_turned_around, "the answer lies at a"),

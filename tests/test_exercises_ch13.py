@@ -178,33 +178,50 @@ def test_reference_is_step_sampler():
 
 # --- exercise 2 (bug hunt): the loss each rank differentiates -----------------------------------------------
 
-def token_mean_loss(loss_sum, n_local, n_global, world_size):
-    return loss_sum * world_size / n_global
+def token_mean_loss(loss_sum, n_local, n_global, context):
+    return loss_sum * context.world_size / n_global
 
 
-def per_rank_mean(loss_sum, n_local, n_global, world_size):
+def per_rank_mean(loss_sum, n_local, n_global, context):
     return loss_sum / n_local
 
 
-def forgot_world_size(loss_sum, n_local, n_global, world_size):     # the bug of the exercise
+def forgot_world_size(loss_sum, n_local, n_global, context):     # the bug of the exercise
     return loss_sum / n_global
 
 
-def plain_sum(loss_sum, n_local, n_global, world_size):
+def plain_sum(loss_sum, n_local, n_global, context):
     return loss_sum
 
 
-def per_rank_mean_times_world_size(loss_sum, n_local, n_global, world_size):
-    return loss_sum * world_size / n_local
+def per_rank_mean_times_world_size(loss_sum, n_local, n_global, context):
+    return loss_sum * context.world_size / n_local
 
 
-def detached(loss_sum, n_local, n_global, world_size):
-    return loss_sum.detach() * world_size / n_global
+def detached(loss_sum, n_local, n_global, context):
+    return loss_sum.detach() * context.world_size / n_global
+
+
+def rank_scaled(loss_sum, n_local, n_global, context):             # the rank number instead of the world size
+    return loss_sum * (context.rank + 1) / n_global
 
 
 def test_library_token_mean_loss_passes():
     from transformer_lib.distributed import token_mean_loss as library
-    check_token_mean_loss(lambda s, n, N, W: library(s, N, W))
+    check_token_mean_loss(lambda s, n, N, c: library(s, N, c.world_size))
+
+
+def test_the_check_command_grades_the_library_function():
+    from transformer_lib.check import COMPONENTS
+    from transformer_lib.distributed import token_mean_loss as library
+    check_token_mean_loss(COMPONENTS["token_mean_loss"][3](library))     # (loss_sum, n_global, world_size)
+
+
+def test_the_messages_name_the_symptom_not_the_fix():
+    for mistake in (forgot_world_size, plain_sum, per_rank_mean_times_world_size):
+        with pytest.raises(AssertionError) as error:
+            check_token_mean_loss(mistake)
+        assert "world_size" not in str(error.value) and "n_global" not in str(error.value)
 
 
 def test_the_exercises_bug_is_caught_in_float32_too():
@@ -394,8 +411,9 @@ GRADERS = [
     grader_row(check_token_mean_loss, correct=[token_mean_loss, Call(token_mean_loss, dtype=torch.float32)], mistakes=[
         (per_rank_mean, "ranks with fewer tokens weigh more: in the gradient"),
         (forgot_world_size, "points the right way, but it is only a fraction"),
-        (plain_sum, "not normalised"),
-        (per_rank_mean_times_world_size, "per-rank mean times world_size"),
+        (plain_sum, "many times one process's"),
+        (per_rank_mean_times_world_size, "size is about right, but ranks with fewer tokens still weigh more"),
+        (rank_scaled, "the ranks' averaged gradient"),
         (detached, "scalar tensor computed from loss_sum"),
     ], prints='check_token_mean_loss: 2 and 4'),
     grader_row(check_accumulate, correct=[accumulate_step, zero_first, Call(accumulate_step, dtype=torch.float32)], mistakes=[

@@ -10,7 +10,8 @@ import pytest
 from helpers import grader_row
 
 from transformer_lib.assistant import merge_pair
-from transformer_lib.exercises.assistant import check_bpe_merges, check_stream_decode
+from transformer_lib.bert import IGNORE_INDEX
+from transformer_lib.exercises.assistant import check_bpe_merges, check_last_turn_labels, check_stream_decode
 
 # --- exercise 1: decoding a stream of tokens
 
@@ -206,10 +207,75 @@ def test_merges_grader_wants_pairs_of_strings():
         check_bpe_merges(lambda word_counts, k: merges(word_counts, k) + [("x", "x")] * (k - len(merges(word_counts, k))))
 
 
+# --- exercise 3: a loss on the last answer only
+
+
+def last_turn(template, conversation):
+    ids, _ = template.render(conversation)
+    start = len(template.render(conversation[:-1])[0]) if len(conversation) > 1 else 0   # the last <|assistant|>
+    return ids[:-1], [ids[t + 1] if t + 1 > start else IGNORE_INDEX for t in range(len(ids) - 1)]
+
+
+def last_turn_as_tensors(template, conversation):     # 1-D tensors are accepted too
+    import torch
+    inputs, labels = last_turn(template, conversation)
+    return torch.tensor(inputs), torch.tensor(labels)
+
+
+def last_turn_by_roles(template, conversation):        # the bookkeeping from the role tokens: after the last
+    ids, _ = template.render(conversation)            # <|assistant|>, everything is the last answer
+    start = max(i for i, x in enumerate(ids) if x == template.assistant_id)
+    return ids[:-1], [x if t + 1 > start else IGNORE_INDEX for t, x in enumerate(ids[1:])]
+
+
+def last_turn_unshifted(template, conversation):
+    ids, _ = template.render(conversation)
+    start = len(template.render(conversation[:-1])[0]) if len(conversation) > 1 else 0
+    return ids[:-1], [ids[t] if t > start else IGNORE_INDEX for t in range(len(ids) - 1)]
+
+
+def last_turn_without_end(template, conversation):
+    inputs, labels = last_turn(template, conversation)
+    return inputs, labels[:-1] + [IGNORE_INDEX]
+
+
+def last_turn_with_role(template, conversation):
+    ids, _ = template.render(conversation)
+    start = len(template.render(conversation[:-1])[0]) if len(conversation) > 1 else 0
+    return ids[:-1], [ids[t + 1] if t + 1 >= start else IGNORE_INDEX for t in range(len(ids) - 1)]
+
+
+def every_assistant_turn(template, conversation):      # what render's trained flags give
+    ids, trained = template.render(conversation)
+    return ids[:-1], [i if k else IGNORE_INDEX for i, k in zip(ids[1:], trained[1:], strict=True)]
+
+
+def every_token(template, conversation):
+    ids, _ = template.render(conversation)
+    return ids[:-1], ids[1:]
+
+
+def whole_ids(template, conversation):                 # inputs and labels of len(ids): one too many
+    ids, _ = template.render(conversation)
+    return ids, ids
+
+
+def labels_only(template, conversation):
+    return last_turn(template, conversation)[1]
+
+
+def test_last_turn_grader_wants_a_pair_of_the_right_length():
+    with pytest.raises(AssertionError, match="return a pair"):
+        check_last_turn_labels(labels_only)
+    with pytest.raises(AssertionError, match="len\\(ids\\) - 1"):
+        check_last_turn_labels(whole_ids)
+
+
 def test_graders_are_fast():
     start = time.perf_counter()
     check_stream_decode(incremental)
     check_bpe_merges(merges)
+    check_last_turn_labels(last_turn)
     assert time.perf_counter() - start < 2
 
 
@@ -230,6 +296,13 @@ GRADERS = [
         (ties_alphabetical, "alphabetical order"),
         (overlap_counted_once, "overlapping pair counted once"),
     ], prints="6 small vocabularies"),
+    grader_row(check_last_turn_labels, correct=[last_turn, last_turn_as_tensors, last_turn_by_roles], mistakes=[
+        (last_turn_unshifted, "labels are not shifted"),
+        (last_turn_without_end, "carries no loss: the model would never learn to stop"),
+        (last_turn_with_role, "the <\\|assistant\\|> token is labelled"),
+        (every_assistant_turn, "the earlier assistant turns are labelled"),
+        (every_token, "every token is labelled, the user's turns too"),
+    ], prints="4 conversations"),
 ]
 
 

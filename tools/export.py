@@ -4,7 +4,9 @@ Why a wrapper instead of the bare ``nbdev-export`` command: a chapter may export
 (``#| default_exp decoder`` plus ``#| export model``). nbdev writes the default module afresh but *appends*
 to any other module, so running it twice would duplicate code. Here every module is written afresh, and
 generated modules that no chapter exports any more are deleted, so the export is idempotent and
-``git status transformer_lib`` shows exactly where the library and the chapters disagree.
+``git status transformer_lib`` shows exactly where the library and the chapters disagree. A module whose first
+line is not nbdev's marker is hand-written (the graders of ``transformer_lib/exercises/``, ``check.py``, the
+``__init__.py`` files): the export never deletes or rewrites it, and a chapter that exports to one is an error.
 
 Usage: python tools/export.py           # export
        python tools/export.py --check   # export, then fail if that changed the library (CI's sync check)
@@ -52,8 +54,9 @@ def targets(nb_path: Path) -> set[str]:
 
 
 def generated_modules() -> list[Path]:
-    """The modules of transformer_lib/ (sub-packages such as exercises/ included) that nbdev wrote."""
-    return [p for p in sorted(LIB.rglob("*.py")) if MARKER in p.read_text(encoding="utf-8")]
+    """The modules of transformer_lib/ (sub-packages included) that nbdev wrote: those whose first line is its
+    marker. Hand-written modules (the graders of exercises/, check.py, the __init__.py files) are never touched."""
+    return [p for p in sorted(LIB.rglob("*.py")) if p.read_text(encoding="utf-8").startswith(MARKER)]
 
 
 def snapshot() -> dict[str, str]:
@@ -99,13 +102,18 @@ def export() -> None:
     clashes = {m: nbs for m, nbs in owners.items() if len(nbs) > 1}
     if clashes:
         raise SystemExit(f"each module must come from one chapter; exported by several: {clashes}")
-    # Generated modules are rebuilt below; hand-written ones (the __init__.py files) are kept. If any chapter
-    # fails to export, the library is put back as it was: never a half-deleted package.
+    generated = set(generated_modules())
+    paths = {m: LIB / f"{m.replace('.', '/')}.py" for m in owners}          # "exercises.x" -> exercises/x.py
+    hand_written = {m: owners[m] for m, p in paths.items() if p.exists() and p not in generated}
+    if hand_written:
+        raise SystemExit(f"these modules are hand-written; a chapter must not export to them: {hand_written}")
+    # Generated modules are rebuilt below; hand-written ones (the graders, check.py, the __init__.py files) are
+    # kept. If any chapter fails to export, the library is put back as it was: never a half-deleted package.
     with tempfile.TemporaryDirectory() as backup:
         saved = Path(backup) / "lib"
         shutil.copytree(LIB, saved, ignore=shutil.ignore_patterns("__pycache__"))
         try:
-            for old in generated_modules():
+            for old in generated:
                 old.unlink()
             for nb in notebooks:
                 nb_export(nb, lib_path=LIB, mod_maker=FreshModuleMaker)

@@ -445,7 +445,7 @@ def ablate_heads(model: nn.Module, heads: dict):
     zero before W_o, so it adds nothing to the residual stream (W_o's bias still does). Done with forward
     pre-hooks on W_o, removed when the block ends, by an exception too:
 
-        with ablate_heads(gpt, {0: [1]}):          # the first layer's head 1 off
+        with ablate_heads(gpt, {0: [1]}):          # layer 0's head 1 off
             logits = gpt(tokens)
     """
     layers = ([m for m in model.modules() if isinstance(getattr(m, "self_attn", None), nn.Module)]
