@@ -2,8 +2,9 @@
 
 # %% auto #0
 __all__ = ['TRAIN_MODULES', 'HELDOUT_MODULES', 'stdlib_sources', 'train_bpe', 'encode_modules', 'GPTConfig', 'gpt_block',
-           'check_decoder_inputs', 'GPT', 'gpt2_hf_names', 'load_hf_gpt2', 'to_hf_gpt2', 'TrigramLM', 'random_windows',
-           'lm_loss', 'sequence_nll', 'ablate_heads', 'gpt2_from_pretrained', 'gpt2_greedy_continuation']
+           'check_decoder_inputs', 'GPT', 'gpt2_hf_names', 'load_hf_gpt2', 'to_hf_gpt2', 'TrigramLM', 'NGramLM',
+           'random_windows', 'lm_loss', 'sequence_nll', 'ablate_heads', 'gpt2_from_pretrained',
+           'gpt2_greedy_continuation']
 
 # %% ../chapters/11_decoder_only.ipynb #c004
 import collections
@@ -236,6 +237,9 @@ def to_hf_gpt2(model: GPT, hf_model):
     return save_by_names(model, hf_model, gpt2_hf_names(model), _GPT2_HINT, _GPT2_IGNORE)
 
 # %% ../chapters/11_decoder_only.ipynb #c023
+from operator import itemgetter
+
+
 class TrigramLM:
     """A count-based baseline: an interpolated trigram model with absolute discounting,
     p(c | a b) = max(n(a b c) - D, 0) / n(a b) + D N1(a b .) / n(a b) * p(c | b), and the same for p(c | b)
@@ -306,6 +310,83 @@ class TrigramLM:
                 return counts[-1][0]
         weights = [self.n1[c] + 1 for c in range(self.V)]                   # add-one unigram
         return rng.choices(range(self.V), weights)[0]
+
+
+class NGramLM:
+    """The strongest simple count model: an interpolated Kneser-Ney n-gram model (Kneser and Ney, 1995, in the
+    interpolated form of Chen and Goodman, 1999, with one absolute discount D for every order). With h the
+    context of c (the order - 1 tokens before it, fewer at the start of a text) and h' = h without its first token,
+
+        p(c | h) = max(n(h c) - D, 0) / n(h .) + D N(h .) / n(h .) * p(c | h'),
+
+    where n(h c) is the raw count of the n-gram h c if it has the model's order, and at every lower order its
+    continuation count N1+(. h c), the number of distinct tokens seen before h c in the training tokens;
+    n(h .) sums n(h c) over c and N(h .) counts the c with n(h c) > 0. A context never seen backs off whole
+    (p(c | h) = p(c | h')); the empty context interpolates with the uniform 1 / vocab_size, so no token has
+    probability 0. tokens: a 1-D id tensor. with_discount and lower_order reuse the counts."""
+
+    def __init__(self, tokens, vocab_size: int, order: int = 5, discount: float = 0.75):
+        self.V, self.order = check_int("vocab_size", vocab_size), check_int("order", order)
+        self.D = check_float("discount", discount, 0.0, 1.0)
+        t = check_token_ids("tokens", tokens, self.V, dim=1).tolist()
+        self._raw = {k: collections.Counter(zip(*(t[i:] for i in range(k)), strict=False))   # raw n(g)
+                     for k in range(1, order + 1)}
+        self._end = tuple(t[max(0, len(t) - order + 1):])                 # the last tokens: followed by nothing
+        # levels[k] = (n(h c) for the k-grams h c, n(h .), N(h .) for their contexts h), counted in C (map, zip)
+        self.levels = {}
+        for k in range(1, order):                                           # continuation counts N1+(. h c):
+            grams = self._raw[k + 1]                                        # the distinct (k+1)-grams x h c
+            counts = collections.Counter(map(itemgetter(slice(1, None)), grams))
+            total = collections.Counter(map(itemgetter(slice(1, -1)), grams))
+            self.levels[k] = (counts, total, collections.Counter(map(itemgetter(slice(None, -1)), counts)))
+        self.levels[order] = self._top_level(order)                        # the top order: raw counts
+
+    def _top_level(self, k: int) -> tuple:
+        counts = self._raw[k]
+        if k == 1:
+            total = collections.Counter({(): sum(counts.values())})
+        else:
+            total = self._raw[k - 1].copy()                                 # n(h .) = n(h), but for the last h
+            last = self._end[len(self._end) - k + 1:]
+            if len(last) == k - 1 and last in total:
+                total[last] -= 1
+        return counts, total, collections.Counter(map(itemgetter(slice(None, -1)), counts))
+
+    def with_discount(self, discount: float) -> "NGramLM":
+        """The same counts with another discount D (the tables are shared, not copied)."""
+        return self._copy(D=check_float("discount", discount, 0.0, 1.0))
+
+    def lower_order(self, order: int) -> "NGramLM":
+        """The model of a lower order on the same tokens, from these counts (equal to NGramLM(tokens, V, order))."""
+        if not (isinstance(order, int) and 1 <= order <= self.order):
+            raise ValueError(f"order must be an int in [1, {self.order}], got {describe(order)}")
+        levels = {k: level for k, level in self.levels.items() if k < order}
+        return self._copy(order=order, _raw={k: n for k, n in self._raw.items() if k <= order},
+                          _end=self._end[len(self._end) - order + 1:] if order > 1 else (),
+                          levels=levels | {order: self._top_level(order)})
+
+    def _copy(self, **changes) -> "NGramLM":
+        other = object.__new__(NGramLM)
+        other.__dict__.update(self.__dict__, **changes)
+        return other
+
+    def prob(self, c, context=()) -> float:
+        """p(c | context): c an int id, context the int ids before it (a list or tuple; only its last order - 1 count)."""
+        context = tuple(context)[max(0, len(context) - self.order + 1):] if self.order > 1 else ()
+        p, D = 1 / self.V, self.D                                           # the uniform floor
+        for k in range(len(context) + 1):                                   # the empty context first
+            counts, total, types = self.levels[k + 1]
+            h = context[len(context) - k:]
+            n = total.get(h, 0)
+            if n:                                                           # a context never seen: p unchanged
+                p = max(counts.get(h + (c,), 0) - D, 0) / n + D * types[h] / n * p
+        return p
+
+    def nll(self, tokens) -> float:
+        """-sum log p(token_i | the order - 1 tokens before it), in nats, over a 1-D id tensor."""
+        t, m = check_token_ids("tokens", tokens, self.V, dim=1).tolist(), self.order - 1
+        return -sum(math.log(self.prob(c, t[max(0, i - m):i])) for i, c in enumerate(t))
+
 
 # %% ../chapters/11_decoder_only.ipynb #c026
 def random_windows(ids, context: int, batch_size: int, seed: int = 0):
