@@ -439,7 +439,8 @@ import torch.nn.functional as F
 def answer_logprobs(model, inputs, labels):
     """log p(answer | prompt) for each row of an sft_collate batch: the sum, over the positions whose label is not
     IGNORE_INDEX (the answer's tokens and its closing <|end|>), of log_softmax(model(inputs)) at the label. -> (B,)"""
-    logp = model(inputs).float().log_softmax(-1)                               # (B, T, V)
+    logits = model(inputs)
+    logp = logits.log_softmax(-1, dtype=torch.promote_types(logits.dtype, torch.float32))     # (B, T, V)
     answer = labels != IGNORE_INDEX
     picked = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)     # (B, T): -100 read as 0, then dropped
     return torch.where(answer, picked, 0.0).sum(-1)
