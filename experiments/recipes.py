@@ -966,13 +966,143 @@ def sft(out: str, device: str) -> dict:
             "before": before, "runs": runs, "final": "final.pt", "files": {"final.pt": {"step": a["steps"]}}}
 
 
+@functools.cache
+def dpo_setup() -> dict:
+    """Chapter 16.3's preference tuning: the sft recipe's tuned GPT (seed 0, its file) answers the first 400
+    training prompts of each task 4 times at temperature 1 (sampling seed 0); a prompt with a right and a wrong
+    answer gives a pair (chosen, rejected). The same on the held-out prompts gives held-out pairs. finetune_dpo's
+    arguments; evaluate: the DPO loss of the held-out pairs against the tuned GPT."""
+    from transformer_lib.assistant import (
+        TASKS,
+        dpo_batch_loss,
+        dpo_collate,
+        frozen_copy,
+        preference_pairs,
+        render_pairs,
+        sample_answers,
+    )
+    from transformer_lib.training import (
+        data_sha256,
+        inference,
+        load_recipe,
+        model_device,
+        recipe_record,
+        to_device,
+    )
+
+    s = sft_setup()
+    args = {"prompts_per_task": 400, "n_samples": 4, "temperature": 1.0, "max_new_tokens": 24, "sample_seed": 0,
+            "beta": 0.1, "steps": 100, "batch_size": 16, "lr": 1e-5, "warmup_steps": 10, "weight_decay": 0.0,
+            "betas": [0.9, 0.95], "clip_norm": 1.0, "eval_every": 50, "seeds": [0, 1, 2]}
+    sft = load_recipe("sft")[0].float().eval()
+    reference = frozen_copy(sft)
+    train = [e for task in TASKS for e in [x for x in s["instructions"]["train"] if x[0] == task][:args["prompts_per_task"]]]
+    pairs = {}
+    for split, examples in (("train", train), ("test_prompts", s["instructions"]["test_prompts"])):
+        samples = sample_answers(sft, s["template"], [q for _, q, _ in examples], args["n_samples"],
+                                 args["max_new_tokens"], args["temperature"], args["sample_seed"])
+        pairs[split] = preference_pairs(examples, samples)
+    held = dpo_collate(render_pairs(s["template"], pairs["test_prompts"]), s["template"].end_id)
+    return {"config": s["config"], "template": s["template"], "instructions": s["instructions"], "sft": sft,
+            "reference": reference, "pairs": pairs, "train": render_pairs(s["template"], pairs["train"]),
+            "held_out": held, "args": args,
+            "data": {"sft_sha256": recipe_record("sft")["files"]["final.pt"]["sha256"],
+                     "pairs_sha256": {k: data_sha256(v) for k, v in pairs.items()}},
+            "evaluate": inference(lambda m: dpo_batch_loss(m, reference, to_device(held, model_device(m)),
+                                                           args["beta"])[0].item())}
+
+
+def dpo_fit(s: dict, seed: int = 0, device: str = "cpu", stop_after=None, evaluate=None):
+    """One of Chapter 16.3's runs: a copy of the tuned GPT (the policy) tuned by finetune_dpo against the frozen
+    reference on the training pairs, in an order fixed by seed."""
+    import copy
+
+    from transformer_lib.assistant import finetune_dpo
+
+    a = s["args"]
+    policy = copy.deepcopy(s["sft"]).to(device).train()
+    reference = s["reference"].to(device)
+    before = {k: v.clone() for k, v in reference.state_dict().items()}
+    kwargs = dict(beta=a["beta"], batch_size=a["batch_size"], lr=a["lr"], warmup_steps=a["warmup_steps"],
+                  weight_decay=a["weight_decay"], betas=tuple(a["betas"]), clip_norm=a["clip_norm"], seed=seed,
+                  evaluate=evaluate, eval_every=a["eval_every"], stop_after=stop_after)
+    history = finetune_dpo(policy, reference, s["train"], s["template"].end_id, a["steps"], **kwargs)
+    assert all(torch.equal(v, before[k]) for k, v in reference.state_dict().items()), "the reference changed"
+    history["call"] = call_arguments(finetune_dpo, policy, reference, [], 0, a["steps"],
+                                     skip=("policy", "reference", "pairs", "pad_id", "evaluate"), **kwargs)
+    return policy, history
+
+
+def dpo_first_steps(k: int) -> list:
+    """The losses of the dpo recipe's first k steps (seed 0)."""
+    return dpo_fit(dpo_setup(), stop_after=k)[1]["loss"]
+
+
+def dpo_margins(s: dict, model) -> list:
+    """The reward margins of the held-out pairs under model (against the reference)."""
+    from transformer_lib.assistant import dpo_batch_loss
+
+    with torch.no_grad():
+        return dpo_batch_loss(model.eval(), s["reference"], s["held_out"], s["args"]["beta"])[1].tolist()
+
+
+@recipe
+def dpo(out: str, device: str) -> dict:
+    """Chapter 16.3: the sft recipe's tuned GPT tuned further by DPO on pairs of its own answers (100 steps of 16
+    pairs, seeds 0, 1 and 2); one file: the model of seed 0 (float16 where that changes none of its answers on the
+    held-out sets, else float32) and the pairs. Every run's accuracy and held-out margins are in the record."""
+    from transformer_lib.training import save_checkpoint
+
+    start = time.perf_counter()
+    s = dpo_setup()
+    a = s["args"]
+    sampled = time.perf_counter() - start
+    before, _ = sft_accuracy(s, s["sft"])
+    runs = {}
+    for seed in a["seeds"]:
+        model, h = dpo_fit(s, seed, device, evaluate=s["evaluate"])
+        model = model.cpu().eval()
+        accuracy, answers = sft_accuracy(s, model)
+        rounded = half_rounded(model)
+        accuracy16, answers16 = sft_accuracy(s, rounded)
+        changed = sum(x != y for split in SFT_SPLITS for x, y in zip(answers[split], answers16[split], strict=True))
+        runs[f"seed {seed}"] = {k: h[k] for k in ("loss", "lr", "eval_step", "eval", "seconds", "margins")} | {
+            "optimizer": h["optimizer"], "accuracy": accuracy, "accuracy_float16": accuracy16,
+            "float16_changed_answers": changed, "eval_float16": s["evaluate"](rounded),
+            "held_out_margins": dpo_margins(s, model)}
+        if seed == 0:
+            kept, call = (rounded.half() if changed == 0 else model), h["call"]
+    seconds = time.perf_counter() - start
+    first = runs["seed 0"]
+    save_checkpoint(os.path.join(out, "final.pt"), kept, step=a["steps"], pairs=s["pairs"])
+    history = {k: first[k] for k in ("loss", "lr", "eval_step", "eval")}
+    if kept.token.weight.dtype == torch.float16:
+        history["eval"] = history["eval"][:-1] + [first["eval_float16"]]
+    examples = a["steps"] * a["batch_size"] * 2
+    return {"chapter": "16_assistant", "function": "transformer_lib.assistant.finetune_dpo",
+            "args": {"config": dataclasses.asdict(s["config"]), **a}, "data": s["data"], "seed": 0,
+            "steps": a["steps"], "examples_seen": 3 * examples,
+            "tokens_seen": round(3 * a["steps"] * a["batch_size"] * sum(len(c[0]) + len(r[0]) for c, r in s["train"])
+                                 / len(s["train"])),
+            "seconds": seconds, "sampling_seconds": sampled, "call": call, "optimizer": first["optimizer"],
+            "history": history,
+            "history_note": "eval: the DPO loss of the held-out pairs, its last entry that of the saved weights "
+                            "(float16 where that changes no answer); runs[...]['accuracy']: exact match of the "
+                            "float32 weights; held_out_margins: beta x the log-ratio difference of each held-out "
+                            "pair, float32 weights",
+            "pairs": {k: len(v) for k, v in s["pairs"].items()}, "before": before,
+            "before_margins": dpo_margins(s, s["sft"]), "runs": runs, "final": "final.pt",
+            "files": {"final.pt": {"step": a["steps"]}}}
+
+
 SETUPS = {"translator": translator_setup, "gpt": gpt_setup, "t5": t5_setup, "vit": vit_setup,   # tests/test_recipes.py
           "variants": variants_setup, "encoders": encoders_setup, "reader": reader_setup, "writer": writer_setup,
-          "docstring_t5": docstring_t5_setup, "sft": sft_setup}
+          "docstring_t5": docstring_t5_setup, "sft": sft_setup, "dpo": dpo_setup}
 FIRST_STEPS = {"translator": translator_first_steps, "gpt": gpt_first_steps, "t5": t5_first_steps,
                "vit": vit_first_steps, "variants": variants_first_steps, "encoders": encoders_first_steps,
                "reader": reader_first_steps, "writer": writer_first_steps,
-               "docstring_t5": docstring_t5_first_steps, "sft": sft_first_steps}
+               "docstring_t5": docstring_t5_first_steps, "sft": sft_first_steps,
+               "dpo": dpo_first_steps}
 
 
 def environment() -> dict:

@@ -7,11 +7,17 @@ import time
 from itertools import pairwise
 
 import pytest
+import torch
 from helpers import grader_row
 
 from transformer_lib.assistant import merge_pair
 from transformer_lib.bert import IGNORE_INDEX
-from transformer_lib.exercises.assistant import check_bpe_merges, check_last_turn_labels, check_stream_decode
+from transformer_lib.exercises.assistant import (
+    check_bpe_merges,
+    check_dpo_loss,
+    check_last_turn_labels,
+    check_stream_decode,
+)
 
 # --- exercise 1: decoding a stream of tokens
 
@@ -271,11 +277,54 @@ def test_last_turn_grader_wants_a_pair_of_the_right_length():
         check_last_turn_labels(whole_ids)
 
 
+# --- exercise 4: the DPO loss from log-probabilities
+
+
+def dpo(policy, reference, mask, beta):
+    log_ratio = ((policy - reference) * mask).sum(-1)                  # per answer: log pi - log pi_ref, summed
+    B = len(log_ratio) // 2
+    return -torch.nn.functional.logsigmoid(beta * (log_ratio[:B] - log_ratio[B:])).mean()
+
+
+def dpo_by_rows(policy, reference, mask, beta):                        # one pair at a time, with where() and log1p
+    B, total = len(policy) // 2, 0.0
+    for b in range(B):
+        s = [torch.where(mask[r], x[r], 0).sum() for r in (b, b + B) for x in (policy, reference)]
+        total = total + torch.log1p(torch.exp(-beta * ((s[0] - s[1]) - (s[2] - s[3]))))
+    return total / B
+
+
+def dpo_variant(change):
+    def loss(policy, reference, mask, beta):
+        m = torch.ones_like(mask) if change == "all" else mask
+        count = m.sum(-1) if change == "mean" else 1
+        pol, ref = (policy * m).sum(-1) / count, (reference * m).sum(-1) / count
+        B = len(pol) // 2
+        w, lo = (pol[:B], pol[B:]) if change == "drop_ref" else (pol[:B] - ref[:B], pol[B:] - ref[B:])
+        if change == "ref_plus":
+            w, lo = pol[:B] + ref[:B], pol[B:] + ref[B:]
+        if change == "swap":
+            w, lo = lo, w
+        inner = (w - lo) / beta if change == "divide" else (w - lo) if change in ("nobeta", "outside") else beta * (w - lo)
+        out = -torch.nn.functional.logsigmoid(inner)
+        out = out.sum() if change == "batch_sum" else out.mean()
+        return beta * out if change == "outside" else -out if change == "plus" else out
+    return loss
+
+
+def test_dpo_grader_wants_a_scalar_tensor():
+    with pytest.raises(AssertionError, match="scalar float tensor"):
+        check_dpo_loss(lambda p, r, m, beta: float(dpo(p, r, m, beta)))
+    with pytest.raises(AssertionError, match="scalar float tensor"):
+        check_dpo_loss(lambda p, r, m, beta: -torch.nn.functional.logsigmoid(beta * (p - r).sum(-1)))
+
+
 def test_graders_are_fast():
     start = time.perf_counter()
     check_stream_decode(incremental)
     check_bpe_merges(merges)
     check_last_turn_labels(last_turn)
+    check_dpo_loss(dpo)
     assert time.perf_counter() - start < 2
 
 
@@ -303,6 +352,18 @@ GRADERS = [
         (every_assistant_turn, "the earlier assistant turns are labelled"),
         (every_token, "every token is labelled, the user's turns too"),
     ], prints="4 conversations"),
+    grader_row(check_dpo_loss, correct=[dpo, dpo_by_rows], mistakes=[
+        (dpo_variant("nobeta"), "beta is missing"),
+        (dpo_variant("outside"), "beta multiplies the loss"),
+        (dpo_variant("divide"), "divided by beta"),
+        (dpo_variant("drop_ref"), "reference model's log-probabilities are missing"),
+        (dpo_variant("ref_plus"), "are added"),
+        (dpo_variant("swap"), "the margin has the wrong sign"),
+        (dpo_variant("mean"), "a mean over its tokens"),
+        (dpo_variant("all"), "the prompt's and the padding's tokens are counted"),
+        (dpo_variant("batch_sum"), "summed: the loss is their mean"),
+        (dpo_variant("plus"), "the sign of the loss is flipped"),
+    ], prints="4 batches"),
 ]
 
 

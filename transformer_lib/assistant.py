@@ -4,7 +4,9 @@
 __all__ = ['BYTE_CHARS', 'CHAR_BYTES', 'GPT2_SPLIT', 'CHAT_TOKENS', 'ROLES', 'WORDS', 'PHRASINGS', 'TASKS', 'byte_to_char',
            'pretokenize', 'merge_pair', 'most_frequent_pair', 'ByteBPE', 'train_byte_bpe',
            'tokenizers_vocab_and_merges', 'ChatTemplate', 'add_chat_rows', 'sft_collate', 'sft_loss', 'sft_batches',
-           'task_answer', 'instruction_data', 'render_examples', 'chat_answers', 'exact_match', 'finetune_chat']
+           'task_answer', 'instruction_data', 'render_examples', 'chat_answers', 'exact_match', 'finetune_chat',
+           'answer_logprobs', 'dpo_loss', 'frozen_copy', 'dpo_collate', 'dpo_batch_loss', 'sample_answers',
+           'preference_pairs', 'render_pairs', 'finetune_dpo']
 
 # %% ../chapters/16_assistant.ipynb #c003
 import collections
@@ -427,3 +429,125 @@ def finetune_chat(model, examples, pad_id: int, steps: int, *, batch_size: int =
     return fit(model, sft_loss, sft_batches(examples, pad_id, batch_size, seed), steps, lr=lr,
                warmup_steps=warmup_steps, weight_decay=weight_decay, betas=betas, clip_norm=clip_norm,
                evaluate=evaluate, eval_every=eval_every, progress=False, stop_after=stop_after)
+
+# %% ../chapters/16_assistant.ipynb #d001
+import copy
+
+import torch.nn.functional as F
+
+
+def answer_logprobs(model, inputs, labels):
+    """log p(answer | prompt) for each row of an sft_collate batch: the sum, over the positions whose label is not
+    IGNORE_INDEX (the answer's tokens and its closing <|end|>), of log_softmax(model(inputs)) at the label. -> (B,)"""
+    logits = model(inputs)
+    logp = logits.log_softmax(-1, dtype=torch.promote_types(logits.dtype, torch.float32))     # (B, T, V)
+    answer = labels != IGNORE_INDEX
+    picked = logp.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)     # (B, T): -100 read as 0, then dropped
+    return torch.where(answer, picked, 0.0).sum(-1)
+
+
+def dpo_loss(policy_chosen, policy_rejected, reference_chosen, reference_rejected, beta: float = 0.1) -> tuple:
+    """The DPO loss (Rafailov et al., 2023) from answer log-probabilities, each (B,): the batch mean of
+    -log sigmoid(beta * [(log pi(y_w|x) - log pi_ref(y_w|x)) - (log pi(y_l|x) - log pi_ref(y_l|x))]).
+    -> (loss, margins), margins (B,) the bracket times beta, the implicit reward margins (detached)."""
+    margins = beta * ((policy_chosen - reference_chosen) - (policy_rejected - reference_rejected))
+    return -F.logsigmoid(margins).mean(), margins.detach()
+
+
+def frozen_copy(model):
+    """DPO's reference model: a deep copy of model, in eval mode, its parameters needing no gradient."""
+    reference = copy.deepcopy(model).eval()
+    for p in reference.parameters():
+        p.requires_grad_(False)
+    return reference
+
+
+def dpo_collate(pairs, pad_id: int) -> tuple:
+    """One batch from pairs [(chosen, rejected), ...], each a rendered (ids, trained) example of the same prompt:
+    sft_collate of the B chosen examples followed by the B rejected ones, 2B rows."""
+    if not isinstance(pairs, (list, tuple)) or not pairs or not all(isinstance(p, (list, tuple)) and len(p) == 2
+                                                                    for p in pairs):
+        raise ValueError(f"pairs must be a non-empty list of (chosen, rejected) examples, got {describe(pairs)}")
+    return sft_collate([c for c, _ in pairs] + [r for _, r in pairs], pad_id)
+
+
+def dpo_batch_loss(policy, reference, batch, beta: float) -> tuple:
+    """(loss, margins) of dpo_loss on a dpo_collate batch, the reference's log-probabilities without gradient."""
+    inputs, labels = batch
+    B = len(inputs) // 2
+    with torch.no_grad():
+        ref = answer_logprobs(reference, inputs, labels)
+    pol = answer_logprobs(policy, inputs, labels)
+    return dpo_loss(pol[:B], pol[B:], ref[:B], ref[B:], beta)
+
+
+def sample_answers(model, template: ChatTemplate, requests, n_samples: int, max_new_tokens: int = 24,
+                   temperature: float = 1.0, seed: int = 0, batch_size: int = 256) -> list:
+    """n_samples answers to each request, sampled at temperature (generate, its draws from a torch.Generator
+    seeded by seed), each cut at its first <|end|>. -> [[answer, ...] for each request]"""
+    check_int("n_samples", n_samples)
+    if isinstance(requests, str) or not all(isinstance(r, str) for r in requests):
+        raise ValueError(f"requests must be a list of str, got {describe(requests)}")
+    g = torch.Generator().manual_seed(check_int("seed", seed, 0))
+    flat, answers = [r for r in requests for _ in range(n_samples)], []
+    for start in range(0, len(flat), batch_size):
+        prompts = [template.prompt(r) for r in flat[start:start + batch_size]]
+        L = max(map(len, prompts))
+        tokens = torch.tensor([[template.end_id] * (L - len(p)) + p for p in prompts])
+        keep = torch.tensor([[False] * (L - len(p)) + [True] * len(p) for p in prompts])
+        out = generate(model, tokens, max_new_tokens, temperature=temperature, prompt_mask=keep, generator=g)
+        answers += [template.answer(row) for row in out]
+    return [answers[i:i + n_samples] for i in range(0, len(answers), n_samples)]
+
+
+def preference_pairs(examples, samples) -> list:
+    """Preference pairs judged by each task's own check: for an example (task, request, answer) whose sampled
+    answers hold a right one and a wrong one, the first right (chosen) and the first wrong (rejected).
+    -> [(task, request, chosen, rejected), ...]"""
+    pairs = []
+    for (task, request, answer), drawn in zip(examples, samples, strict=True):
+        right, wrong = [a for a in drawn if a == answer], [a for a in drawn if a != answer]
+        if right and wrong:
+            pairs.append((task, request, right[0], wrong[0]))
+    return pairs
+
+
+def render_pairs(template: ChatTemplate, pairs) -> list:
+    """[(task, request, chosen, rejected), ...] -> [(chosen example, rejected example), ...] in the template."""
+    return [(template.render([("user", q), ("assistant", c)]), template.render([("user", q), ("assistant", r)]))
+            for _, q, c, r in pairs]
+
+
+def finetune_dpo(policy, reference, pairs, pad_id: int, steps: int, *, beta: float = 0.1, batch_size: int = 16,
+                 lr: float = 1e-5, warmup_steps: int | None = None, weight_decay: float = 0.0, betas=(0.9, 0.95),
+                 clip_norm: float | None = 1.0, seed: int = 0, evaluate=None, eval_every: int = 50,
+                 stop_after: int | None = None) -> dict:
+    """DPO: fit (Chapter 10's AdamW, warm-up, linear decay) of the DPO loss of policy against the frozen reference
+    on batches of the rendered pairs [(chosen, rejected), ...], drawn without replacement epoch after epoch in an
+    order fixed by seed. -> fit's history, with "margins": each step's mean reward margin."""
+    from transformer_lib.classifier import fit
+
+    check_int("batch_size", batch_size)
+    if not isinstance(pairs, (list, tuple)) or len(pairs) < batch_size:
+        raise ValueError(f"pairs must be a list of at least batch_size={batch_size} pairs, got {describe(pairs)}")
+    if reference is policy or any(p.requires_grad for p in reference.parameters()):
+        raise ValueError("reference must be a frozen copy of the policy (frozen_copy), not the policy itself")
+    g = torch.Generator().manual_seed(check_int("seed", seed, 0))
+
+    def batches():
+        while True:
+            order = torch.randperm(len(pairs), generator=g).tolist()
+            for start in range(0, len(pairs) - batch_size + 1, batch_size):
+                yield dpo_collate([pairs[i] for i in order[start:start + batch_size]], pad_id)
+
+    margins = []
+
+    def loss_fn(model, batch):
+        loss, m = dpo_batch_loss(model, reference, batch, beta)
+        margins.append(m.mean().item())
+        return loss
+
+    history = fit(policy, loss_fn, batches(), steps, lr=lr, warmup_steps=warmup_steps, weight_decay=weight_decay,
+                  betas=betas, clip_norm=clip_norm, evaluate=evaluate, eval_every=eval_every, progress=False,
+                  stop_after=stop_after)
+    return history | {"margins": margins}

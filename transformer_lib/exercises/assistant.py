@@ -3,7 +3,7 @@
 Hand-written, not exported from the chapter: a grader's reference and named slips are the answers, and Colab shows
 every cell of a chapter, so their code stays out of the chapters."""
 
-__all__ = ['check_stream_decode', 'check_bpe_merges', 'check_last_turn_labels']
+__all__ = ['check_stream_decode', 'check_bpe_merges', 'check_last_turn_labels', 'check_dpo_loss']
 
 import codecs
 import collections
@@ -267,3 +267,109 @@ def check_last_turn_labels(fn) -> None:
         raise AssertionError(f"{where}: labels[{t}] is {labels[t]}, expected {want[1][t]}")
     print(f"check_last_turn_labels: correct on {len(_CONVERSATIONS)} conversations (one to three exchanges, an "
           "empty last answer)")
+
+
+# --- exercise 4: the DPO loss from log-probabilities
+
+
+def _dpo_loss(policy, reference, mask, beta, slip=None):
+    """The reference DPO loss (slip None) and its slips, all in float64: policy and reference (2B, T) per-token
+    log-probabilities, the first B rows chosen, the last B rejected; mask (2B, T) True at answer tokens."""
+    import torch
+    import torch.nn.functional as F
+
+    policy, reference = policy.double(), reference.double()
+    keep = torch.ones_like(mask) if slip == "all tokens" else mask
+    if slip == "token mean":
+        total = lambda x: (x * keep).sum(-1) / keep.sum(-1)                    # noqa: E731
+    else:
+        total = lambda x: (x * keep).sum(-1)                                    # noqa: E731
+    pol, ref = total(policy), total(reference)
+    B = len(pol) // 2
+    chosen, rejected = pol[:B] - ref[:B], pol[B:] - ref[B:]
+    if slip == "no reference":
+        chosen, rejected = pol[:B], pol[B:]
+    elif slip == "reference added":
+        chosen, rejected = pol[:B] + ref[:B], pol[B:] + ref[B:]
+    diff = chosen - rejected
+    if slip == "swapped":
+        diff = -diff
+    if slip == "no beta":
+        return -F.logsigmoid(diff).mean()
+    if slip == "beta outside":
+        return -beta * F.logsigmoid(diff).mean()
+    if slip == "beta divides":
+        return -F.logsigmoid(diff / beta).mean()
+    losses = -F.logsigmoid(beta * diff)
+    if slip == "batch sum":
+        return losses.sum()
+    if slip == "plus sign":
+        return -losses.mean()
+    return losses.mean()
+
+
+def _dpo_cases():
+    """(B, T, beta, dtype, seed) of the grader's batches: answers of different lengths after prompts of different
+    lengths, margins of both signs, float64 and float32."""
+    import torch
+
+    cases = []
+    for B, T, beta, dtype, seed in ((1, 6, 0.1, torch.float64, 0), (3, 9, 0.1, torch.float32, 1),
+                                    (4, 12, 0.5, torch.float64, 2), (2, 7, 0.25, torch.float32, 3)):
+        g = torch.Generator().manual_seed(seed)
+        policy = -3 * torch.rand(2 * B, T, generator=g, dtype=torch.float64)
+        reference = policy + 0.8 * torch.randn(2 * B, T, generator=g, dtype=torch.float64)
+        reference = reference.clamp(max=-1e-3)
+        mask = torch.zeros(2 * B, T, dtype=torch.bool)
+        for row in range(2 * B):
+            start = int(torch.randint(1, T // 2, (1,), generator=g))              # the prompt's tokens
+            stop = int(torch.randint(start + 1, T + 1, (1,), generator=g))        # then the answer, then padding
+            mask[row, start:stop] = True
+        cases.append((policy.to(dtype), reference.to(dtype), mask, beta))
+    return cases
+
+
+_DPO_MISTAKES = {
+    "no beta": "beta is missing: the margin is beta times the difference of the two log-ratios, inside the sigmoid",
+    "beta outside": "beta multiplies the loss, outside -log sigmoid(...): it belongs inside, on the margin",
+    "beta divides": "the difference of the log-ratios is divided by beta: it is multiplied by beta",
+    "no reference": "the reference model's log-probabilities are missing: each answer's term is the log-ratio "
+                    "log pi(y|x) - log pi_ref(y|x)",
+    "reference added": "the reference's log-probabilities are added: each log-ratio subtracts log pi_ref(y|x)",
+    "swapped": "the margin has the wrong sign: the chosen answer's log-ratio minus the rejected one's (chosen and "
+               "rejected swapped, or a log-ratio written as log pi_ref - log pi)",
+    "token mean": "each answer's log-probability is a mean over its tokens: log pi(y|x) is their sum, the "
+                  "probability of the whole answer",
+    "all tokens": "the prompt's and the padding's tokens are counted: sum only where answer_mask is True",
+    "batch sum": "the losses of the pairs are summed: the loss is their mean over the batch",
+    "plus sign": "the sign of the loss is flipped: it is -log sigmoid(margin), which falls as the margin grows",
+}
+
+
+def check_dpo_loss(fn) -> None:
+    """Test fn(policy_logps, reference_logps, answer_mask, beta) -> the DPO loss, a scalar tensor: policy_logps and
+    reference_logps (2B, T) the log-probability of each token under the policy and under the reference, the first B
+    rows the chosen answers and the last B the rejected ones (of the same prompts); answer_mask (2B, T) bool, True
+    at the answer's tokens. Four batches, float64 and float32. Raises AssertionError naming the mistake; prints a
+    verdict."""
+    import torch
+
+    cases = _dpo_cases()
+    for n, (policy, reference, mask, beta) in enumerate(cases):
+        where = f"batch {n + 1} (B={len(policy) // 2} pairs, T={policy.shape[1]}, beta={beta}, {policy.dtype})"
+        got = call_reader(fn, f"my_dpo_loss(...) on {where}", policy.clone(), reference.clone(), mask.clone(), beta)
+        if not (isinstance(got, torch.Tensor) and got.numel() == 1 and got.is_floating_point()):
+            raise AssertionError(f"{where}: return the loss as a scalar float tensor, got {describe(got)}")
+        value = got.detach().double().item()
+        tol = 1e-4 if policy.dtype == torch.float32 else 1e-9
+
+        def close(want, value=value, tol=tol):
+            return abs(value - want) <= tol * max(1.0, abs(want))
+
+        if close(_dpo_loss(policy, reference, mask, beta).item()):
+            continue
+        for slip, message in _DPO_MISTAKES.items():
+            if close(_dpo_loss(policy, reference, mask, beta, slip).item()):
+                raise AssertionError(f"{where}: {message}")
+        raise AssertionError(f"{where}: the loss is {value:.6g}, not the DPO loss of these log-probabilities")
+    print(f"check_dpo_loss: correct on {len(cases)} batches (answers of different lengths, float64 and float32)")
