@@ -152,6 +152,10 @@ COMPONENTS = {
     "rope": ((), "llama:check_rope", "chapter 14, exercise 1", None),
     "gqa": ((), "llama:check_gqa_attention", "chapter 14, exercise 2", None),
     "online_merge": ((), "llama:check_online_merge", "chapter 14, exercise 3", None),
+    "stream_decode": ((), "assistant:check_stream_decode", "chapter 16, exercise 1", None),
+    "bpe_merges": ((), "assistant:check_bpe_merges", "chapter 16, exercise 2", None),
+    "last_turn_labels": ((), "assistant:check_last_turn_labels", "chapter 16, exercise 3", None),
+    "dpo_loss": ((), "assistant:check_dpo_loss", "chapter 16, exercise 4", None),
 }
 
 # The exercises' names for the same components: my_<name> is read as <name>, and these as well.
