@@ -9,7 +9,7 @@ Every run uses the same data (library's split_by_file of package_functions, spli
 functions per package, no file on both sides; each function's first 64 tokens of Chapter 11's tokenizer, padded on
 the right, batches of 16), AdamW at a constant learning rate with no weight decay; the seed sets the head's (and
 LoRA's, or the whole scratch network's) initial weights and the order of the batches. Chapter 16 prints the
-committed JSON and asserts its claims on it. About 10 minutes of one CPU thread."""
+committed JSON and asserts its claims on it. About 4 minutes of one CPU thread (on a machine shared with other work)."""
 
 import os
 import time

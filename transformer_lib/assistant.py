@@ -439,6 +439,7 @@ from pathlib import Path
 from torch import nn
 
 from .llama import add_lora
+from .training import train as train_loop
 from .validation import check_tensor
 
 PACKAGES = ("asyncio", "email", "unittest", "xml/dom")     # none of them in Chapter 11's training text
@@ -575,28 +576,28 @@ def classifier_accuracy(model, batches) -> float:
 
 
 def train_classifier(model, train_batches, test_batches, steps: int, lr: float, seed: int = 0) -> dict:
-    """AdamW (constant lr, no weight decay) on the cross-entropy of model's logits, for steps steps cycling through
-    train_batches in a seeded order; model in eval mode (no dropout: the GPT recipe has none). -> {"loss": [...],
-    "accuracy": on test_batches, "trainable": parameters, "optimizer_bytes", "step_seconds": median time of a step,
-    "optimizer": the optimizer}."""
+    """Chapter 8's train() with AdamW (constant lr, no weight decay) on the cross-entropy of model's logits, for
+    steps steps through train_batches, epoch after epoch, each epoch in a seeded order (no dropout: the GPT recipe
+    has none). -> {"loss": [...], "accuracy": on test_batches, "trainable": parameters, "optimizer_bytes",
+    "step_seconds": the median time of a step, "optimizer": the optimizer}."""
     check_int("steps", steps, 1)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     generator = torch.Generator().manual_seed(seed)
-    order, losses, seconds = [], [], []
-    model.eval()
-    for _ in range(steps):
-        if not order:
-            order = torch.randperm(len(train_batches), generator=generator).tolist()
-        tokens, lengths, labels = train_batches[order.pop()]
-        start = time.perf_counter()
-        loss = nn.functional.cross_entropy(model(tokens, lengths), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        seconds.append(time.perf_counter() - start)
-        losses.append(loss.item())
-    return {"loss": losses, "accuracy": classifier_accuracy(model, test_batches),
+
+    def batches():
+        while True:
+            yield from (train_batches[i] for i in reversed(torch.randperm(len(train_batches), generator=generator).tolist()))
+
+    def loss_fn(model, batch):
+        tokens, lengths, labels = batch
+        return nn.functional.cross_entropy(model(tokens, lengths), labels)
+
+    ticks = [time.perf_counter()]
+    history = train_loop(model, loss_fn, batches(), optimizer, steps=steps, progress=False,
+                         on_step=lambda step, history: ticks.append(time.perf_counter()))
+    seconds = sorted(b - a for a, b in pairwise(ticks))
+    return {"loss": history["loss"], "accuracy": classifier_accuracy(model.eval(), test_batches),
             "trainable": sum(p.numel() for p in params), "optimizer_bytes": optimizer_state_bytes(optimizer),
-            "step_seconds": sorted(seconds)[len(seconds) // 2], "optimizer": optimizer}
+            "step_seconds": seconds[len(seconds) // 2], "optimizer": optimizer}
 
