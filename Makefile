@@ -266,7 +266,8 @@ experiments: venv recipes
 	    OMP_NUM_THREADS=1 $(BIN)/python experiments/t5_tasks.py --equal-lr 2.5e-3 --add-to $(RESULTS)/t5_tasks.json && \
 	    OMP_NUM_THREADS=1 $(BIN)/python experiments/ablation.py --json $(RESULTS)/ablation.json && \
 	    OMP_NUM_THREADS=1 $(BIN)/python experiments/qa_ablation.py --json $(RESULTS)/qa_ablation.json && \
-	    OMP_NUM_THREADS=1 $(BIN)/python experiments/summarize_seeds.py --json $(RESULTS)/summarize_seeds.json) & \
+	    OMP_NUM_THREADS=1 $(BIN)/python experiments/summarize_seeds.py --json $(RESULTS)/summarize_seeds.json && \
+	    OMP_NUM_THREADS=1 $(BIN)/python experiments/decoder_classifier.py --json $(RESULTS)/decoder_classifier.json) & \
 	    OMP_NUM_THREADS=1 $(BIN)/python experiments/vit_seeds.py --json $(RESULTS)/vit_seeds.json; \
 	    status=$$?; wait $$! && exit $$status
 

@@ -110,7 +110,8 @@ def test_the_cli_works_after_a_plain_install_of_the_wheel(tmp_path):
                     ROOT], check=True, capture_output=True)
     (wheel,) = wheels.glob("transformer_textbook-*.whl")
     with zipfile.ZipFile(wheel) as archive:      # the experiments' results, which Chapters 8 and 12 print, ship with it
-        assert {f"transformer_lib/results/{name}.json" for name in ("ablation", "t5_tasks", "vit_seeds", "qa_ablation")} <= set(archive.namelist())
+        assert {f"transformer_lib/results/{name}.json" for name in ("ablation", "t5_tasks", "vit_seeds", "qa_ablation",
+                                                                           "summarize_seeds", "decoder_classifier")} <= set(archive.namelist())
         committed = {str(p.relative_to(ROOT)) for p in (ROOT / "transformer_lib" / "checkpoints").rglob("*")
                      if p.is_file()}             # ... and so do the trained models and their records
         assert committed and committed <= set(archive.namelist())

@@ -15,6 +15,7 @@ from transformer_lib.bert import IGNORE_INDEX
 from transformer_lib.exercises.assistant import (
     check_bpe_merges,
     check_dpo_loss,
+    check_last_hidden,
     check_last_turn_labels,
     check_stream_decode,
 )
@@ -325,7 +326,63 @@ def test_graders_are_fast():
     check_bpe_merges(merges)
     check_last_turn_labels(last_turn)
     check_dpo_loss(dpo)
+    check_last_hidden(last_by_positions)
     assert time.perf_counter() - start < 2
+
+
+# --- exercise 5: the last real token's hidden state
+
+
+def last_by_positions(hidden, keep):
+    positions = torch.arange(keep.shape[1])
+    return hidden[torch.arange(hidden.shape[0]), (keep * positions).argmax(-1)]
+
+
+def last_by_flip(hidden, keep):                        # the first True of the reversed mask, counted from the end
+    T = keep.shape[1]
+    return hidden[torch.arange(hidden.shape[0]), T - 1 - keep.flip(-1).int().argmax(-1)]
+
+
+def last_in_float32(hidden, keep):
+    return last_by_positions(hidden.float(), keep)
+
+
+def last_by_loop(hidden, keep):
+    return torch.stack([hidden[b, int(keep[b].nonzero().max())] for b in range(len(keep))])
+
+
+def position_minus_one(hidden, keep):
+    return hidden[:, -1]
+
+
+def count_minus_one(hidden, keep):
+    return hidden[torch.arange(hidden.shape[0]), keep.sum(-1) - 1]
+
+
+def one_past(hidden, keep):
+    return hidden[torch.arange(hidden.shape[0]), ((keep * torch.arange(keep.shape[1])).argmax(-1) + 1).clamp(max=keep.shape[1] - 1)]
+
+
+def one_before(hidden, keep):
+    return hidden[torch.arange(hidden.shape[0]), ((keep * torch.arange(keep.shape[1])).argmax(-1) - 1).clamp(min=0)]
+
+
+def mean_of_real(hidden, keep):
+    return (hidden * keep[..., None]).sum(1) / keep.sum(-1, keepdim=True)
+
+
+def count_unclamped(hidden, keep):                     # the reader's off-by-one crashes on a full row
+    return hidden[torch.arange(hidden.shape[0]), keep.sum(-1)]
+
+
+def test_last_hidden_grader_names_a_crash_past_the_end():
+    with pytest.raises(AssertionError, match="one past T - 1"):
+        check_last_hidden(count_unclamped)
+
+
+def test_last_hidden_grader_wants_one_state_per_row():
+    with pytest.raises(AssertionError, match=r"expected \(B, d\) = "):
+        check_last_hidden(lambda hidden, keep: hidden)
 
 
 GRADERS = [
@@ -364,6 +421,13 @@ GRADERS = [
         (dpo_variant("batch_sum"), "summed: the loss is their mean"),
         (dpo_variant("plus"), "the sign of the loss is flipped"),
     ], prints="4 batches"),
+    grader_row(check_last_hidden, correct=[last_by_positions, last_by_flip, last_in_float32, last_by_loop], mistakes=[
+        (position_minus_one, "position -1"),
+        (count_minus_one, "padding on the left"),
+        (one_past, "the position after the last real token"),
+        (one_before, "the position before the last real token"),
+        (mean_of_real, "averaged the real tokens"),
+    ], prints="on the left"),
 ]
 
 

@@ -156,6 +156,7 @@ COMPONENTS = {
     "bpe_merges": ((), "assistant:check_bpe_merges", "chapter 16, exercise 2", None),
     "last_turn_labels": ((), "assistant:check_last_turn_labels", "chapter 16, exercise 3", None),
     "dpo_loss": ((), "assistant:check_dpo_loss", "chapter 16, exercise 4", None),
+    "last_hidden": ((), "assistant:check_last_hidden", "chapter 16, exercise 5", None),
 }
 
 # The exercises' names for the same components: my_<name> is read as <name>, and these as well.

@@ -3,16 +3,18 @@
 Hand-written, not exported from the chapter: a grader's reference and named slips are the answers, and Colab shows
 every cell of a chapter, so their code stays out of the chapters."""
 
-__all__ = ['check_stream_decode', 'check_bpe_merges', 'check_last_turn_labels', 'check_dpo_loss']
+__all__ = ['check_stream_decode', 'check_bpe_merges', 'check_last_turn_labels', 'check_dpo_loss', 'check_last_hidden']
 
 import codecs
 import collections
 import functools
 from itertools import pairwise
 
+import torch
+
 from ..assistant import BYTE_CHARS, ChatTemplate, merge_pair, train_byte_bpe
 from ..bert import IGNORE_INDEX
-from .grading import call_reader
+from .grading import call_reader, grade
 from ..validation import describe
 
 # --- exercise 1: decoding a stream of tokens
@@ -373,3 +375,58 @@ def check_dpo_loss(fn) -> None:
                 raise AssertionError(f"{where}: {message}")
         raise AssertionError(f"{where}: the loss is {value:.6g}, not the DPO loss of these log-probabilities")
     print(f"check_dpo_loss: correct on {len(cases)} batches (answers of different lengths, float64 and float32)")
+# --- exercise 5: the last real token's hidden state, padding on either side
+
+
+def _last_position(keep):
+    """(B,) the position of each row's last True in keep (B, T)."""
+    positions = torch.arange(keep.shape[1])
+    return torch.where(keep, positions, -1).max(-1).values
+
+
+def _gather(hidden, where):
+    return hidden[torch.arange(hidden.shape[0]), where.clamp(0, hidden.shape[1] - 1)]
+
+
+def _last_hidden(hidden, keep):
+    return _gather(hidden, _last_position(keep))
+
+
+def _keep(lengths, T, side):
+    """(B, T) bool: lengths[b] real tokens at the right end (side "left": padding on the left) or at the start."""
+    positions = torch.arange(T)
+    lengths = torch.tensor(lengths)[:, None]
+    return positions >= T - lengths if side == "left" else positions < lengths
+
+
+_LAST_HIDDEN_MISTAKES = {
+    "you took position -1 (T - 1) in every row: with padding on the right, that is a pad token in every row shorter "
+    "than the longest. Find where each row's real tokens end": lambda h, k: h[:, -1],
+    "you took position 0 in every row: a decoder's first token has read only itself": lambda h, k: h[:, 0],
+    "you took each row's FIRST real token: under the causal mask it has read nothing of the row after it; the last "
+    "real token has read the whole row": lambda h, k: _gather(h, k.int().argmax(-1)),
+    "you counted each row's real tokens n and took position n - 1: right only when the padding is on the right. With "
+    "padding on the left the real tokens come after it, and the last one sits at T - 1":
+        lambda h, k: _gather(h, k.sum(-1) - 1),
+    "off by one: you took the position after the last real token (a row of n real tokens starting at 0 ends at "
+    "n - 1)": [lambda h, k: _gather(h, k.sum(-1)), lambda h, k: _gather(h, _last_position(k) + 1)],
+    "off by one: you took the position before the last real token": [lambda h, k: _gather(h, k.sum(-1) - 2),
+                                                                     lambda h, k: _gather(h, _last_position(k) - 1)],
+    "you averaged the real tokens' states (a possible classifier input, but not the last token's state)":
+        lambda h, k: (h * k[..., None]).sum(1) / k.sum(-1, keepdim=True),
+}
+
+
+def check_last_hidden(fn) -> None:
+    """Test fn(hidden (B, T, d), keep (B, T) bool, True at real tokens) -> (B, d): each row's hidden state at its
+    last real token, for batches padded on the right, on the left, and not at all (float64 and float32 accepted).
+    Raises AssertionError naming the mistake; prints a verdict."""
+    generator = torch.Generator().manual_seed(5)
+    cases = {}
+    for side, lengths in (("padded on the right", [7, 3, 5, 1]), ("padded on the left", [2, 7, 4, 6]),
+                          ("not padded", [7, 7])):
+        hidden = torch.randn(len(lengths), 7, 3, generator=generator, dtype=torch.float64)
+        cases[f"a batch {side}, lengths {lengths}, T = 7"] = (hidden, _keep(lengths, 7, side.split()[-1]))
+    grade(fn, _last_hidden, cases, _LAST_HIDDEN_MISTAKES, name="my_last_hidden", shape="(B, d) = ",
+          crash=" (is a position you index one past T - 1?)")
+    print(f"check_last_hidden: correct on {len(cases)} batches (padded on the right, on the left, not padded)")
