@@ -1,5 +1,6 @@
 """Small helpers shared by the tests (importable because pytest puts tests/ on sys.path)."""
 
+import functools
 import importlib
 import os
 
@@ -205,3 +206,12 @@ def grader_row(check, correct, mistakes, prints=""):
     in mistakes raises AssertionError whose message matches the regex words. An answer is what the reader passes
     to check, or a Call."""
     return check, list(correct), list(mistakes), prints
+
+
+@functools.cache
+def chat_template():
+    """A small ChatTemplate (Chapter 16) for the SFT and DPO tests: a byte-level BPE of 60 merges on three requests."""
+    from transformer_lib.assistant import ChatTemplate, train_byte_bpe
+    texts = ["Reverse the words: self list dict name file line path data", "Write 42 in words. forty-two",
+             "sort: key value args text mode node time type"] * 3
+    return ChatTemplate(train_byte_bpe(texts, 257 + 60))

@@ -3,11 +3,11 @@ per-token computation by hand, the loss against its formula, log 2 at the start,
 reference, and pairs judged by the task's check."""
 
 import copy
-import functools
 import math
 
 import pytest
 import torch
+from helpers import chat_template
 
 from transformer_lib.assistant import (
     ChatTemplate,
@@ -21,16 +21,12 @@ from transformer_lib.assistant import (
     render_pairs,
     sample_answers,
     sft_collate,
-    train_byte_bpe,
 )
 from transformer_lib.gpt import GPT, GPTConfig
 
 
-@functools.cache
 def template() -> ChatTemplate:
-    texts = ["Reverse the words: self list dict name file line path data", "Write 42 in words. forty-two",
-             "sort: key value args text mode node time type"] * 3
-    return ChatTemplate(train_byte_bpe(texts, 257 + 60))
+    return chat_template()                                  # tests/helpers.py: shared with the other chat tests
 
 
 def tiny_gpt(seed: int = 0, dtype=torch.float32) -> GPT:

@@ -1,10 +1,10 @@
 """Chapter 16.2, supervised instruction tuning: the chat template, the new embedding rows, the collate function
 that keeps the prompt and the padding out of the loss, the generated instructions and batched greedy answers."""
 
-import functools
 
 import pytest
 import torch
+from helpers import chat_template
 
 from transformer_lib.assistant import (
     PHRASINGS,
@@ -21,17 +21,13 @@ from transformer_lib.assistant import (
     sft_collate,
     sft_loss,
     task_answer,
-    train_byte_bpe,
 )
 from transformer_lib.bert import IGNORE_INDEX
 from transformer_lib.gpt import GPT, GPTConfig
 
 
-@functools.cache
 def template() -> ChatTemplate:
-    texts = ["Reverse the words: self list dict name file line path data", "Write 42 in words. forty-two",
-             "sort: key value args text mode node time type"] * 3
-    return ChatTemplate(train_byte_bpe(texts, 257 + 60))
+    return chat_template()                                  # tests/helpers.py: shared with the other chat tests
 
 
 def tiny_gpt(seed: int = 0, vocab_size: int | None = None) -> GPT:
