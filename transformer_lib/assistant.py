@@ -5,10 +5,10 @@ __all__ = ['BYTE_CHARS', 'CHAR_BYTES', 'GPT2_SPLIT', 'CHAT_TOKENS', 'ROLES', 'WO
            'byte_to_char', 'pretokenize', 'merge_pair', 'most_frequent_pair', 'ByteBPE', 'train_byte_bpe',
            'tokenizers_vocab_and_merges', 'ChatTemplate', 'add_chat_rows', 'sft_collate', 'sft_loss', 'sft_batches',
            'task_answer', 'instruction_data', 'render_examples', 'chat_answers', 'exact_match', 'finetune_chat',
-           'answer_logprobs', 'dpo_loss', 'frozen_copy', 'dpo_collate', 'dpo_batch_loss', 'sample_answers',
-           'preference_pairs', 'render_pairs', 'finetune_dpo', 'package_functions', 'split_by_file', 'classify_collate',
-           'gpt_hidden', 'last_token_hidden', 'DecoderClassifier', 'prepare_tuning', 'optimizer_state_bytes',
-           'classifier_accuracy', 'train_classifier']
+           'HubTokenizer', 'gpt2_chat', 'answer_logprobs', 'dpo_loss', 'frozen_copy', 'dpo_collate', 'dpo_batch_loss',
+           'sample_answers', 'preference_pairs', 'render_pairs', 'finetune_dpo', 'package_functions', 'split_by_file',
+           'classify_collate', 'gpt_hidden', 'last_token_hidden', 'DecoderClassifier', 'prepare_tuning',
+           'optimizer_state_bytes', 'classifier_accuracy', 'train_classifier']
 
 # %% ../chapters/16_assistant.ipynb #c003
 import collections
@@ -431,6 +431,77 @@ def finetune_chat(model, examples, pad_id: int, steps: int, *, batch_size: int =
     return fit(model, sft_loss, sft_batches(examples, pad_id, batch_size, seed), steps, lr=lr,
                warmup_steps=warmup_steps, weight_decay=weight_decay, betas=betas, clip_norm=clip_norm,
                evaluate=evaluate, eval_every=eval_every, progress=False, stop_after=stop_after)
+
+# %% ../chapters/16_assistant.ipynb #c066
+import os
+import warnings
+
+
+class HubTokenizer:
+    """A transformers tokenizer (GPT2TokenizerFast, or any loaded with AutoTokenizer) behind the interface that
+    ChatTemplate reads: encode(text) -> ids with no special token added, decode(ids) -> text exactly as the
+    tokens spell it (no clean-up of spaces), len() the size of its vocabulary, added tokens included."""
+
+    def __init__(self, tokenizer):
+        if not all(hasattr(tokenizer, name) for name in ("encode", "decode", "__len__")):
+            raise ValueError(f"tokenizer must be a transformers tokenizer, got {describe(tokenizer)}")
+        self.tokenizer = tokenizer
+
+    def __len__(self) -> int:
+        return len(self.tokenizer)
+
+    def encode(self, text: str) -> list:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def gpt2_chat(name_or_path, instructions: dict, steps: int, *, batch_size: int = 16, lr: float = 1e-4,
+              n_eval: int = 20, split: str = "test_prompts", max_new_tokens: int = 12, seed: int = 0,
+              device=None) -> dict:
+    """Section 16.2's supervised tuning, the same functions, on a GPT-2 checkpoint: name_or_path is a Hub name
+    ("gpt2") or a directory written by save_pretrained (model and tokenizer). gpt2_from_pretrained (Chapter 11)
+    loads the weights into the book's GPT, its own tokenizer goes into a ChatTemplate (HubTokenizer),
+    add_chat_rows adds the three chat tokens, finetune_chat trains `steps` steps on instructions["train"]
+    (instructions as instruction_data returns them), and exact_match scores the first n_eval examples of each
+    task of instructions[split] before and after. device: default "cuda" where there is one.
+    -> {"model": the tuned GPT (eval mode), "template", "history": fit's history, "before" and "after":
+    exact_match's dicts, "vocab": (rows before, rows after)}. Raises OSError when the checkpoint is neither on
+    disk nor reachable (offline)."""
+    if not isinstance(instructions, dict) or "train" not in instructions or split not in instructions:
+        raise ValueError(f"instructions must be instruction_data's dict with 'train' and {split!r}, got "
+                         f"{describe(instructions)}")
+    check_int("steps", steps, 2)
+    check_int("n_eval", n_eval)
+    if not isinstance(name_or_path, (str, os.PathLike)) or not str(name_or_path):
+        raise ValueError(f"name_or_path must be a Hub name or a directory written by save_pretrained, got "
+                         f"{describe(name_or_path)}")
+    if not os.path.isdir(name_or_path):   # a Hub name: fail now if offline, before transformers' slow import
+        with warnings.catch_warnings():   # tqdm's "IProgress not found" (no ipywidgets in a bare kernel): noise
+            warnings.filterwarnings("ignore", message="IProgress not found")
+            from huggingface_hub import hf_hub_download
+            hf_hub_download(str(name_or_path), "config.json")      # cached after the first download
+    import transformers   # imported here: the library itself needs only torch and numpy
+
+    from transformer_lib.gpt import gpt2_from_pretrained
+    from transformer_lib.utils import seed_everything
+
+    model, _ = gpt2_from_pretrained(name_or_path)
+    template = ChatTemplate(HubTokenizer(transformers.AutoTokenizer.from_pretrained(name_or_path)))
+    if model.config.vocab_size != len(template.tok):
+        raise ValueError(f"the model has {model.config.vocab_size} token rows but its tokenizer "
+                         f"{len(template.tok)} tokens: the chat tokens' ids would not be new rows")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    grown = add_chat_rows(model, template.vocab_size).to(device)
+    evaluation = [ex for task in TASKS for ex in [e for e in instructions[split] if e[0] == task][:n_eval]]
+    before = exact_match(grown.eval(), template, evaluation, max_new_tokens)
+    seed_everything(seed)
+    history = finetune_chat(grown.train(), render_examples(template, instructions["train"]), template.end_id, steps,
+                            batch_size=batch_size, lr=lr, seed=seed)
+    after = exact_match(grown.eval(), template, evaluation, max_new_tokens)
+    return {"model": grown, "template": template, "history": history, "before": before, "after": after,
+            "vocab": (model.config.vocab_size, grown.config.vocab_size)}
 
 # %% ../chapters/16_assistant.ipynb #d001
 import copy
