@@ -16,7 +16,7 @@ from transformer_lib.applications import (
     QA_VOCAB,
     answer_text,
     best_spans,
-    encode,
+    encode_qa_example,
     exact_match,
     last_place,
     make_story,
@@ -135,9 +135,9 @@ def test_squad_normalisation_exact_match_and_f1():
 
 
 @pytest.mark.parametrize("sentence_segments", [True, False])
-def test_encode_lays_out_cls_question_sep_story_sep(sentence_segments):
+def test_encode_qa_example_lays_out_cls_question_sep_story_sep(sentence_segments):
     sentences, question, answer = make_story(random.Random(3))
-    ids, segments, (start, end) = encode(sentences, question, answer, sentence_segments)
+    ids, segments, (start, end) = encode_qa_example(sentences, question, answer, sentence_segments)
     words = [QA_VOCAB[i] for i in ids]
     n_q = len(question)
     assert words == ["[CLS]", *question, "[SEP]", *[w for s in sentences for w in s], "[SEP]"]
@@ -151,7 +151,7 @@ def test_encode_lays_out_cls_question_sep_story_sep(sentence_segments):
 def test_qa_batch_pads_and_span_scores_see_only_the_story():
     stories = [make_story(random.Random(k)) for k in range(6)]
     tokens, segments, starts, ends = qa_batch(stories)
-    lengths = [len(encode(*s)[0]) for s in stories]
+    lengths = [len(encode_qa_example(*s)[0]) for s in stories]
     assert tokens.shape == segments.shape == (6, max(lengths)) and starts.shape == ends.shape == (6,)
     assert (starts <= ends).all()
     for b, n in enumerate(lengths):
@@ -254,7 +254,7 @@ def test_train_qa_stops_after_the_first_steps_of_the_full_run():
         run(stop_after=11)
 
 
-def test_encode_names_a_word_outside_the_vocabulary():
+def test_encode_qa_example_names_a_word_outside_the_vocabulary():
     story = [s.split() for s in ("mary went to the kitchen .", "mary ate the banana .")]
     with pytest.raises(ValueError, match=r"must be in QA_VOCAB; not in it: \['ate', 'banana'\]"):
         qa_batch([(story, "where is mary ?".split(), (0, 3, 4))])

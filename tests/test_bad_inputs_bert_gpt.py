@@ -297,11 +297,11 @@ TENSOR_CASES = [
     ("sample_next/1d-logits", lambda dt: smp.sample_next(rand(V, dt=dt)), err("logits", r"\(B, V\)")),
     ("sample_next/ok-greedy-ignores-filters", lambda dt: None if torch.equal(smp.sample_next(rand(2, V, dt=dt), temperature=0, top_k=1, top_p=0.1), rand(2, V, dt=dt).argmax(-1)) else pytest.fail("argmax"), OK),
     # --- length 0
-    ("BertModel.pool/S=0", lambda dt: brt.BertModel(bert_config()).to(dt).pool(torch.zeros(2, 0, D, dtype=dt)), err("hidden", "S=0")),
+    ("BertModel.pooler_output/S=0", lambda dt: brt.BertModel(bert_config()).to(dt).pooler_output(torch.zeros(2, 0, D, dtype=dt)), err("hidden", "S=0")),
     ("BertClassifier/S=0", lambda dt: brt.BertClassifier(bert_config(), 2).to(dt).eval()(torch.zeros(2, 0, dtype=torch.long)), err("tokens", "S=0")),
     ("BertModel/ok-S=0-without-pooler", lambda dt: bert_empty(dt, False), OK),
     ("BertModel/ok-S=0-with-pooler", lambda dt: bert_empty(dt, True), OK),
-    ("BertModel.pool/no-pooler", lambda dt: brt.BertModel(bert_config(), add_pooler=False).to(dt).pool(rand(2, 3, D, dt=dt)), err("pooler", "add_pooler=False")),
+    ("BertModel.pooler_output/no-pooler", lambda dt: brt.BertModel(bert_config(), add_pooler=False).to(dt).pooler_output(rand(2, 3, D, dt=dt)), err("pooler", "add_pooler=False")),
     ("BertForMaskedLM/ok-S=0", mlm_empty, OK),
     ("SequenceClassifier/ok-S=0-cls", lambda dt: classifier_empty(dt, "cls"), OK),
     ("SequenceClassifier/ok-S=0-mean", lambda dt: classifier_empty(dt, "mean"), OK),

@@ -107,7 +107,7 @@ def test_bert_equals_hugging_face_with_padding():
     assert (ids == PAD).any() and len(segments.unique()) == 3
     with torch.no_grad():
         hidden = ours(ids, segments)                                       # mask=None: masks pad_id = 0
-        pooled = ours.pool(hidden)
+        pooled = ours.pooler_output(hidden)
         out = hf(input_ids=ids, attention_mask=(ids != PAD).long(), token_type_ids=segments)
     assert hidden.dtype == DT
     assert max_diff(hidden, out.last_hidden_state) < 1e-10
@@ -127,7 +127,7 @@ def test_bert_equals_hugging_face_without_padding():
         out = hf(input_ids=ids, attention_mask=None, token_type_ids=segments)
         for mask in (None, torch.ones(1, 1, 1, S, dtype=torch.bool)):
             hidden = ours(ids, segments, mask)
-            pooled = ours.pool(hidden)
+            pooled = ours.pooler_output(hidden)
             assert max_diff(hidden, out.last_hidden_state) < 1e-10
             assert max_diff(pooled, out.pooler_output) < 1e-10
 
@@ -292,10 +292,10 @@ def test_padding_is_invisible():
     assert lengths.min() < 9
     with torch.no_grad():
         hidden = model(ids, segments)
-        pooled = model.pool(hidden)
+        pooled = model.pooler_output(hidden)
         for b, n in enumerate(lengths.tolist()):
             alone = model(ids[b:b + 1, :n], segments[b:b + 1, :n])
-            alone_pooled = model.pool(alone)
+            alone_pooled = model.pooler_output(alone)
             assert max_diff(hidden[b, :n], alone[0]) < ATOL
             assert max_diff(pooled[b], alone_pooled[0]) < ATOL
         unmasked = model(ids, segments, torch.ones(1, 1, 1, 9, dtype=torch.bool))
@@ -329,7 +329,7 @@ def test_gradients_reach_every_parameter(kind):
     if kind == "BertModel":
         model = BertModel(cfg)
         hidden = model(inputs, segments)
-        pooled = model.pool(hidden)
+        pooled = model.pooler_output(hidden)
         g = torch.Generator().manual_seed(1)                  # random weights: a plain sum after LayerNorm
         loss = (hidden * torch.randn(hidden.shape, generator=g)).sum() + (pooled * torch.randn(pooled.shape, generator=g)).sum()
     elif kind == "BertForMaskedLM":

@@ -157,7 +157,7 @@ def test_every_model_returns_one_tensor():
         "T5.decode": (lambda m: m.decode(tgt, m.encode(src), m.make_src_mask(src)), t5(), (2, 4, 16)),
         "GPT": (lambda m: m(x), gpt(), (2, 6, V)),
         "BertModel": (lambda m: m(x), BertModel(bert_config()).to(DT).eval(), (2, 6, 16)),
-        "BertModel.pool": (lambda m: m.pool(m(x)), BertModel(bert_config()).to(DT).eval(), (2, 16)),
+        "BertModel.pooler_output": (lambda m: m.pooler_output(m(x)), BertModel(bert_config()).to(DT).eval(), (2, 16)),
         "BertForMaskedLM": (lambda m: m(x), BertForMaskedLM(bert_config()).to(DT).eval(), (2, 6, V)),
         "BertClassifier": (lambda m: m(x), BertClassifier(bert_config(), 3).to(DT).eval(), (2, 3)),
         "SequenceClassifier": (lambda m: m(x), SequenceClassifier(ClassifierConfig(V, 3, d_model=16, num_heads=2, d_ff=32)).to(DT).eval(),

@@ -4,12 +4,12 @@
 __all__ = ['PEOPLE', 'QA_PLACES', 'OBJECTS', 'MOVES', 'TAKES', 'DROPS', 'SPECIALS', 'WORDS', 'QA_VOCAB', 'QA_ID', 'SKIP_FOLDERS',
            'DOCSTRING_PYTHON', 'NUM_SENTINELS', 'SPECIAL_TOKENS', 'PAD', 'EOS', 'SENTINEL_0', 'tell_story',
            'make_story', 'answer_text', 'normalize_answer', 'exact_match', 'token_f1', 'squad_scores', 'place_of',
-           'last_place', 'nearest_place', 'encode', 'qa_batch', 'span_scores', 'best_spans', 'predict_answers',
-           'qa_loss', 'train_qa', 'stdlib_files', 'top_module', 'docstring_pairs', 'keep_pair', 'extract_pairs',
-           'is_test_module', 'shipped', 'shipped_pairs', 'pretraining_texts', 'lead_sentence', 'name_words',
-           'nearest_summaries', 'summary_scores', 'train_docstring_bpe', 'load_docstring_bpe', 'random_segmentation',
-           'span_corruption', 'encode_stream', 'pad_rows', 'corrupted_windows', 'pretrain_t5', 'encode_pairs',
-           'finetune_t5', 'generate_no_repeat', 'summarize', 'qa_from_pretrained', 'span_probabilities',
+           'last_place', 'nearest_place', 'encode_qa_example', 'qa_batch', 'span_scores', 'best_spans',
+           'predict_answers', 'qa_loss', 'train_qa', 'stdlib_files', 'top_module', 'docstring_pairs', 'keep_pair',
+           'extract_pairs', 'is_test_module', 'shipped', 'shipped_pairs', 'pretraining_texts', 'lead_sentence',
+           'name_words', 'nearest_summaries', 'summary_scores', 'train_docstring_bpe', 'load_docstring_bpe',
+           'random_segmentation', 'span_corruption', 'encode_stream', 'pad_rows', 'corrupted_windows', 'pretrain_t5',
+           'encode_pairs', 'finetune_t5', 'generate_no_repeat', 'summarize', 'qa_from_pretrained', 'span_probabilities',
            'answer_question', 't5_from_pretrained', 't5_summarize']
 
 # %% ../chapters/15_applications.ipynb #c003
@@ -147,7 +147,7 @@ def nearest_place(sentences, question):
     return places[-1] if places else ""
 
 # %% ../chapters/15_applications.ipynb #c012
-def encode(sentences, question, answer, sentence_segments: bool = True):
+def encode_qa_example(sentences, question, answer, sentence_segments: bool = True):
     """[CLS] question [SEP] story [SEP] -> (ids, segment ids, (start, end) positions of the answer span).
     Segments: 0 for the question; for the story 1 (BERT's sentence B) or, with sentence_segments, k + 1 for its
     k-th sentence. answer: make_story's (sentence index, first word, last word)."""
@@ -167,7 +167,7 @@ def encode(sentences, question, answer, sentence_segments: bool = True):
 def qa_batch(stories, sentence_segments: bool = True):
     """make_story outputs -> tokens (B, S), segment ids (B, S), answer starts (B,), answer ends (B,), padded with
     [PAD] = 0."""
-    encoded = [encode(*story, sentence_segments=sentence_segments) for story in stories]
+    encoded = [encode_qa_example(*story, sentence_segments=sentence_segments) for story in stories]
     S = max(len(ids) for ids, _, _ in encoded)
     tokens = torch.zeros(len(encoded), S, dtype=torch.long)
     segments = torch.zeros(len(encoded), S, dtype=torch.long)

@@ -119,9 +119,9 @@ class BertModel(nn.Module):
 
     forward(tokens (B, S), segment_ids (B, S) or None, mask=None)
         -> hidden (B, S, d_model), one tensor as every body of the book returns (Transformer.encode, T5.encode);
-    pool(hidden) -> pooled (B, d_model) = tanh(W h_[CLS] + b), Hugging Face's pooler_output.
+    pooler_output(hidden) -> (B, d_model) = tanh(W h_[CLS] + b), Hugging Face's pooler_output.
     mask: bool (B|1, h|1, S|1, S), True = may attend; None masks the padding (tokens == config.pad_id).
-    pool needs S >= 1 (it reads position 0, [CLS]).
+    pooler_output needs S >= 1 (it reads position 0, [CLS]).
     """
 
     def __init__(self, config: BertConfig, add_pooler: bool = True):
@@ -147,7 +147,7 @@ class BertModel(nn.Module):
             hidden = self.encoder(x, mask)                            # (B, S, d_model)
         return hidden
 
-    def pool(self, hidden):
+    def pooler_output(self, hidden):
         """BERT's pooler: hidden (B, S, d_model) -> tanh(W h_[CLS] + b) (B, d_model), from position 0."""
         if self.pooler is None:
             raise ValueError("this BertModel was built with add_pooler=False: it has no pooler")
@@ -214,7 +214,7 @@ class BertClassifier(nn.Module):
         if hidden.size(1) == 0:
             raise ValueError("tokens has S=0 positions, but the classifier reads position 0 ([CLS]): give every "
                              "row at least one token")
-        pooled = self.bert.pool(hidden)                                          # (B, d_model)
+        pooled = self.bert.pooler_output(hidden)                                 # (B, d_model)
         return self.head(self.dropout(pooled))                                   # (B, num_classes)
 
 

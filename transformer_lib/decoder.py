@@ -98,14 +98,14 @@ class DecoderLayer(nn.Module):
                                            else isinstance(cache[1], AttentionCache) and cache[1].static)):
             raise ValueError(f"cache must come from DecoderLayer.new_cache(): (AttentionCache(), "
                              f"AttentionCache(static=True) or None without cross-attention), got {describe(cache)}")
-        t = 0 if cache is None else len(cache[0])
-        if cache is not None and t and cache[0].k.size(0) != B:
+        past = 0 if cache is None else len(cache[0])
+        if cache is not None and past and cache[0].k.size(0) != B:
             raise ValueError(f"cache holds {cache[0].k.size(0)} batch rows but x has B={B}; "
                              f"use cache reorder(index) when the batch changes")
         if tgt_mask is not None:
-            check_mask("tgt_mask", tgt_mask, (B, h, T, t + T), "(B, h, T, t + T)" if t else "(B, h, T, T)")
+            check_mask("tgt_mask", tgt_mask, (B, h, T, past + T), "(B, h, T, t + T)" if past else "(B, h, T, T)")
         if attn_bias is not None:
-            check_attn_bias("attn_bias", attn_bias, (B, h, T, t + T), x.dtype)
+            check_attn_bias("attn_bias", attn_bias, (B, h, T, past + T), x.dtype)
         if position_ids is not None:
             if self.self_attn.rotary is None:
                 raise ValueError("position_ids must be None: this layer's attention has no rotary embedding")

@@ -120,23 +120,24 @@ def gpt_block(config: GPTConfig) -> DecoderLayer:
 def check_decoder_inputs(model, tokens, mask=None, cache=None, position_ids=None) -> tuple:
     """The checks at the door of a decoder-only model (GPT; Chapter 14's Llama): tokens (B, T) integer ids,
     cache None or model.new_cache(), the t cached + T new positions within model.config.max_len, mask None or
-    bool (B|1, h|1, T|1, t + T), position_ids None or integer (B|1, T). -> (t, B, T). (Token ids are checked by the
-    embedding lookup.) Inside an already checked call (generate's loop) only t, B and T are computed."""
+    bool (B|1, h|1, T|1, t + T), position_ids None or integer (B|1, T). -> (past, B, T) with past = t. (Token ids
+    are checked by the embedding lookup.) Inside an already checked call (generate's loop) only past, B and T are
+    computed."""
     if not checks_due():
         return 0 if cache is None else len(cache[0][0]), *tokens.shape
     check_tensor("tokens", tokens, dim=2, floating=False, shape_text="(B, length)")
     if cache is not None and (not isinstance(cache, list) or len(cache) != len(model.blocks)
                               or not all(isinstance(c, tuple) and len(c) == 2 for c in cache)):
         raise ValueError(f"cache must come from {type(model).__name__}.new_cache(), got {describe(cache)}")
-    t, (B, T) = 0 if cache is None else len(cache[0][0]), tokens.shape
-    if t + T > model.config.max_len:
-        raise ValueError(f"positions {t}..{t + T - 1} do not fit in max_len={model.config.max_len}: "
-                         f"tokens has T={T} positions after {t} cached ones")
+    past, (B, T) = 0 if cache is None else len(cache[0][0]), tokens.shape
+    if past + T > model.config.max_len:
+        raise ValueError(f"positions {past}..{past + T - 1} do not fit in max_len={model.config.max_len}: "
+                         f"tokens has T={T} positions after {past} cached ones")
     if mask is not None:
-        check_mask("mask", mask, (B, model.config.num_heads, T, t + T), "(B, h, T, t + T)")
+        check_mask("mask", mask, (B, model.config.num_heads, T, past + T), "(B, h, T, t + T)")
     if position_ids is not None:
         check_position_ids("position_ids", position_ids, B, T)
-    return t, B, T
+    return past, B, T
 
 
 class GPT(nn.Module):
@@ -175,9 +176,9 @@ class GPT(nn.Module):
         return [block.new_cache() for block in self.blocks]
 
     def forward(self, tokens, mask=None, cache=None, position_ids=None):
-        t, B, T = check_decoder_inputs(self, tokens, mask, cache, position_ids)
+        past, B, T = check_decoder_inputs(self, tokens, mask, cache, position_ids)
         if position_ids is None:
-            positions = torch.arange(t, t + T, device=tokens.device)                  # (T,)
+            positions = torch.arange(past, past + T, device=tokens.device)            # (T,)
         else:
             positions = position_ids.to(tokens.device)                                # (B|1, T)
         try:                                  # the ranges are checked by the lookups, without a device read

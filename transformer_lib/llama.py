@@ -171,11 +171,11 @@ class Llama(nn.Module):
         return [block.new_cache() for block in self.blocks]
 
     def forward(self, tokens, mask=None, cache=None, position_ids=None):
-        t, B, T = check_decoder_inputs(self, tokens, mask, cache, position_ids)       # Chapter 11's checks
+        past, B, T = check_decoder_inputs(self, tokens, mask, cache, position_ids)    # Chapter 11's checks
         x = embedding_lookup(self.token, tokens, "tokens")                               # (B, T, d_model)
         with checked():                                                        # the blocks check nothing
             if self.config.sliding_window is not None:                         # Mistral: a band of the past
-                window = sliding_window_mask(T, t + T, self.config.sliding_window, tokens.device)[None, None]
+                window = sliding_window_mask(T, past + T, self.config.sliding_window, tokens.device)[None, None]
                 mask = window if mask is None else mask & window               # (B|1, h|1, T, t + T)
             for i, block in enumerate(self.blocks):
                 x = block(x, tgt_mask=mask, cache=None if cache is None else cache[i],

@@ -62,13 +62,13 @@ class TransformerConfig:
 
 # %% ../chapters/07_decoder.ipynb #c024
 def check_decode_inputs(model, tgt, memory, src_mask, tgt_mask, cache, weight) -> int:
-    """The checks at the door of an encoder-decoder's decode (the Transformer; Chapter 12's T5) -> t, the cached
-    positions. tgt (B, T) token ids (their type checked by the caller); memory (B, S, d_model) in the dtype of
-    weight (the model's); src_mask required, (B|1, h|1, T|1, S); tgt_mask None or (B|1, h|1, T|1, t + T); a cache
-    from model.decoder.new_cache() holding B rows."""
-    t = model.decoder.cache_length(cache)                               # 0 without a cache; checks the cache
+    """The checks at the door of an encoder-decoder's decode (the Transformer; Chapter 12's T5) -> past, the
+    number t of cached positions. tgt (B, T) token ids (their type checked by the caller); memory (B, S, d_model)
+    in the dtype of weight (the model's); src_mask required, (B|1, h|1, T|1, S); tgt_mask None or
+    (B|1, h|1, T|1, t + T); a cache from model.decoder.new_cache() holding B rows."""
+    past = model.decoder.cache_length(cache)                            # 0 without a cache; checks the cache
     if not checks_due():                                                # inside a checked call: checked already
-        return t
+        return past
     (B, T), d, h = tgt.shape, model.config.d_model, model.config.num_heads
     check_tensor("memory", memory, dim=3, last=d, floating=True, shape_text=f"(B={B}, S, d_model={d})")
     if memory.size(0) != B:
@@ -80,10 +80,10 @@ def check_decode_inputs(model, tgt, memory, src_mask, tgt_mask, cache, weight) -
                          "do), or torch.ones(B, 1, 1, S, dtype=torch.bool) to attend to every memory position")
     check_mask("src_mask", src_mask, (B, h, T, memory.size(1)), "(B, h, T, S)")   # the scores: (B, h, T, S)
     if tgt_mask is not None:
-        check_mask("tgt_mask", tgt_mask, (B, h, T, t + T), "(B, h, T, t + T)" if t else "(B, h, T, T)")
-    if t and cache[0][0].k.size(0) != B:
+        check_mask("tgt_mask", tgt_mask, (B, h, T, past + T), "(B, h, T, t + T)" if past else "(B, h, T, T)")
+    if past and cache[0][0].k.size(0) != B:
         raise ValueError(f"cache holds {cache[0][0].k.size(0)} batch rows but tgt has B={B}")
-    return t
+    return past
 
 
 class Transformer(nn.Module):
@@ -152,10 +152,10 @@ class Transformer(nn.Module):
         cache: decoder.new_cache() for incremental decoding; tgt then holds only the new tokens, and the
         positional encodings start after the t cached positions (tgt_mask: (B|1, 1, 1|T, t + T))."""
         x = self.tgt_embed(tgt, name="tgt")                                 # checks tgt
-        t = check_decode_inputs(self, tgt, memory, src_mask, tgt_mask, cache,
-                                self.lm_head.weight)             # the layers inside check nothing
+        past = check_decode_inputs(self, tgt, memory, src_mask, tgt_mask, cache,
+                                   self.lm_head.weight)          # the layers inside check nothing
         with checked():
-            x = self.pos_encoding(x, t)                                     # (B, T, d_model)
+            x = self.pos_encoding(x, past)                                  # (B, T, d_model)
             return self.decoder(x, memory, src_mask, tgt_mask, cache)       # (B, T, d_model)
 
     def forward(self, src, tgt, src_mask=None, tgt_mask=None):

@@ -285,11 +285,11 @@ class T5(nn.Module):
             check_tensor("tgt", tgt, dim=2, floating=False, shape_text="(B, length)")
             if tgt.size(1) == 0:
                 raise ValueError(f"tgt must hold at least one position (the start token), got shape {tuple(tgt.shape)}")
-        t = check_decode_inputs(self, tgt, memory, src_mask, tgt_mask, cache, self.shared.weight)   # Chapter 7's checks
+        past = check_decode_inputs(self, tgt, memory, src_mask, tgt_mask, cache, self.shared.weight)  # Chapter 7's checks
         T = tgt.size(1)
         x = self.dropout(embedding_lookup(self.shared, tgt, "tgt"))                     # (B, T, d)
         with checked():                                    # checked once, here; the decoder is always causal
-            bias = self.decoder_bias(T, t + T, offset=t)                      # (1, h, T, t + T)
+            bias = self.decoder_bias(T, past + T, offset=past)                # (1, h, T, t + T)
             x = self.decoder(x, memory, src_mask, tgt_mask, cache, attn_bias=bias)
         return self.dropout(x)                                                # (B, T, d_model)
 

@@ -10,8 +10,18 @@ from collections import Counter
 
 import torch
 
-from ..applications import answer_text, last_place, lead_sentence, make_story, nearest_place, \
-    normalize_answer, place_of, predict_answers, shipped_pairs, squad_scores
+from ..applications import (
+    answer_text,
+    last_place,
+    lead_sentence,
+    make_story,
+    nearest_place,
+    normalize_answer,
+    place_of,
+    predict_answers,
+    shipped_pairs,
+    squad_scores,
+)
 from .grading import call_reader, number
 
 

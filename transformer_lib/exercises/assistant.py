@@ -14,8 +14,8 @@ import torch
 
 from ..assistant import BYTE_CHARS, ChatTemplate, merge_pair, train_byte_bpe
 from ..bert import IGNORE_INDEX
-from .grading import call_reader, grade
 from ..validation import describe
+from .grading import call_reader, grade
 
 # --- exercise 1: decoding a stream of tokens
 

@@ -13,8 +13,8 @@ import torch
 from ..complexity import count_flops, ffn_flops, mha_flops
 from ..decoder import DecoderLayer
 from ..encoder import EncoderLayer
-from .grading import grade
 from ..model import TransformerConfig
+from .grading import grade
 
 
 def check_encoder_layer_flops(fn, seed: int = 0) -> None:

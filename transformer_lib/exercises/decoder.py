@@ -8,8 +8,9 @@ __all__ = ['check_tgt_mask', 'check_parameter_count', 'check_future_mask', 'chec
 import torch
 
 from ..attention import causal_mask, padding_mask
-from .grading import close_to
 from ..model import Transformer, TransformerConfig
+from ..validation import describe
+from .grading import Verdict, call_reader, close_to, grade
 
 
 def check_tgt_mask(fn, trials: int = 30) -> None:
@@ -168,11 +169,8 @@ def check_future_mask(fn) -> None:
                              f"be True")
     print("check_future_mask: correct for T = 1 to 8: each position sees itself and its past, never its future")
 
+
 # --- exercise 1: a prefix LM's mask; exercise 3: two-way tying
-from .grading import Verdict, call_reader, grade
-from ..validation import describe
-
-
 def _prefix_rule(tokens, prefix_len, pad_id, rule):
     """(B, 1, T, T) bool, pair by pair: rule(i, j, P, real key j) for row b's prefix length P (slow and plain: the
     grader's reference and its named slips); the rows of padded queries are False (read by no one)."""

@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from ..distributed import DistributedContext, rng_state, set_rng_state, training_state
 from .grading import Verdict, call_reader, close_to, grade, number
 
-
 # --- Exercise 1: who reads an example? -------------------------------------------------------------------------
 
 def _who_reads(perm, example, world_size, global_batch, slip=None):

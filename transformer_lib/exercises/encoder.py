@@ -5,10 +5,14 @@ every cell of a chapter, so their code stays out of the chapters."""
 
 __all__ = ['check_encoder_layer', 'check_left_pad_positions', 'check_packing', 'check_reach', 'check_encoder_layer_module']
 
+import functools
+
 import torch
 
-from ..encoder import EncoderLayer
-from .grading import Verdict, grade
+from ..encoder import Encoder, EncoderLayer
+from ..positional import sinusoidal_encoding
+from ..validation import describe
+from .grading import Verdict, grade, module_answer, reader_module
 
 
 def _encoder_layer_variant(layer, x, mask, norm_first, residual=(True, True), ffn=True):
@@ -141,12 +145,8 @@ def check_left_pad_positions(fn) -> None:
                              f"{row}, expected {list(range(int(real[b].sum())))}")
     print("check_left_pad_positions: correct on 12 random batches (left, right and no padding)")
 
+
 # --- exercise 1: sequence packing (segment ids -> a block-diagonal mask and per-sentence positions)
-from ..encoder import Encoder
-from ..positional import sinusoidal_encoding
-from ..validation import describe
-
-
 def _packed_rows(lengths_per_row, S):
     """Segment ids (B, S): 1, 2, ... for the sentences of each row in order, 0 for the padding at its end."""
     segments = torch.zeros(len(lengths_per_row), S, dtype=torch.long)
@@ -295,8 +295,6 @@ def check_packing(packing_mask, packed_positions, seed: int = 0) -> None:
 
 
 # --- exercise 3: how far information travels through L layers of restricted self-attention
-import functools
-
 @functools.lru_cache(maxsize=64)
 def _reach_by_autograd(S: int, r: int, L: int, seed: int = 0) -> torch.Tensor:
     """(S, S) bool: [i, j] True when output i of an L-layer Encoder (float64, random weights) whose self-attention
@@ -354,10 +352,8 @@ def check_reach(fn) -> None:
           against="autograd's", shape="(S, S) = ")
     print(f"check_reach: right in all {len(cases)} cases (checked against autograd on a real Encoder)")
 
+
 # --- a reader's own EncoderLayer class (for `python -m transformer_lib.check` and readers who write modules)
-from .grading import module_answer, reader_module
-
-
 def check_encoder_layer_module(cls, seed: int = 0) -> None:
     """Test a reader's encoder layer class: cls(d_model, num_heads, d_ff) (dropout=0.0 and norm_first passed when
     the constructor takes them) with forward(x, mask=None) -> (B, S, d_model) (or a tuple whose first element it

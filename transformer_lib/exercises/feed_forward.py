@@ -10,7 +10,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .grading import close_to, grade, number
+from .grading import Verdict, call_reader, close_to, grade, number
 
 
 def _reference_ffn(x, W_1, b_1, W_2, b_2):
@@ -261,11 +261,9 @@ def check_kernel_3(nonzero, num_layers) -> None:
     print("check_kernel_3: correct: a band of blocks around the diagonal, and the smallest depth at which position 0 "
           "reaches position 5")
 
+
 # --- exercise 1: the feed-forward network's backward pass by hand, graded against autograd (the reference is
 # autograd itself)
-from .grading import Verdict, call_reader
-
-
 def _autograd_ffn(x, W_1, b_1, W_2, b_2, dy, slip=""):
     """(dx, dW_1, db_1, dW_2, db_2) of y = max(0, x W_1 + b_1) W_2 + b_2 for the upstream gradient dy, by autograd,
     in float64. slip changes what autograd differentiates, keeping the forward values (a reader's slip):

@@ -8,8 +8,8 @@ __all__ = ['check_rope', 'check_gqa_attention', 'check_online_merge', 'check_lor
 import torch
 
 from ..attention import causal_mask
-from .grading import Verdict, call_reader, close_to, grade
 from ..llama import RotaryEmbedding
+from .grading import Verdict, call_reader, close_to, grade
 
 
 def check_rope(fn) -> None:

@@ -12,8 +12,8 @@ import torch
 import torch.nn as nn
 
 from ..attention import causal_mask, scaled_dot_product_attention
-from .grading import Verdict, call_reader, close_to, grade, number
 from ..multi_head import MultiHeadAttention, copy_to_torch_mha
+from .grading import Verdict, call_reader, close_to, grade, module_answer, number, reader_module
 
 
 def _grade_split_merge(split_heads, merge_heads, B, n, h, d_k, g):
@@ -62,7 +62,6 @@ def check_split_merge(split_heads, merge_heads):
 
 
 # --- exercise 2: the paper's equation, one head at a time
-
 def _heads_loop(m, query, key, value, mask=None, bias=True, columns=False, order="concat", w_o="full",
                 scale=None):
     """The module m's output with one deliberate change, to name a reader's slip in a loop over heads (m's own output
@@ -137,7 +136,6 @@ def check_heads_loop(fn, seed: int = 0) -> None:
 
 
 # --- exercise 3: multi-query and grouped-query attention, counted
-
 def _kv_counts(d_model, num_heads, kv_heads):
     """(parameters, numbers cached per token and layer) of attention with num_heads query heads and kv_heads
     key/value heads of width d_k, from the layers themselves (built on the meta device: no memory, no time)."""
@@ -198,7 +196,6 @@ def check_kv_counts(fn) -> None:
 
 
 # --- exercise 4: why one head stalls at 3/7
-
 def _least_squares_errors(alpha: float, scale=None) -> tuple:
     """The MSE of s * (alpha u + (1 - alpha) v) against the target u and against v, at the best read-out scale s (by
     least squares) or at s = scale, measured on 4,096 samples of u and v made exactly uncorrelated with unit second
@@ -247,7 +244,6 @@ def check_min_mse(fn) -> None:
 
 
 # --- exercise 5 (bug hunt): a padding mask applied to the queries
-
 def check_padding_fix(cls, seed: int = 0) -> None:
     """Test a reader's repaired class: cls(d_model, num_heads, dropout=0.0), a MultiHeadAttention whose
     forward(x, key_padding_mask) does self-attention over x (B, n, d_model) with key_padding_mask (B, n),
@@ -318,10 +314,8 @@ def check_padding_fix(cls, seed: int = 0) -> None:
                              f"(key_padding_mask) by up to {diff:.2g}")
     print("check_padding_fix: real positions match nn.MultiheadAttention on both paths and ignore the padding")
 
+
 # --- a reader's own MultiHeadAttention class (for `python -m transformer_lib.check` and readers who write modules)
-from .grading import module_answer, reader_module
-
-
 def _mha_variant(ref, q, k, v, mask, scale=None, inverted=False, w_o=True):
     """The book's module's computation with one deliberate change, to name a reader's mistake: scores times scale
     (None = 1/sqrt(d_k)), the mask inverted (NaN in the rows it leaves without keys: any output there), or no

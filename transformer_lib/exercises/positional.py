@@ -9,8 +9,8 @@ import math
 
 import torch
 
-from .grading import call_reader, close_to, grade, number
 from ..positional import sinusoidal_encoding
+from .grading import call_reader, close_to, grade, number
 
 
 def _first_mismatch(got, want, tol):

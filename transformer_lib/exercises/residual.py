@@ -10,9 +10,9 @@ import math
 
 import torch
 
-from .grading import Verdict, call_reader, close_to, grade
 from ..feed_forward import PositionwiseFeedForward
 from ..residual import LayerNorm, SublayerConnection
+from .grading import Verdict, call_reader, close_to, grade
 
 
 def _reference_layer_norm(x, gamma, beta, eps):

@@ -11,8 +11,8 @@ import math
 
 import torch
 
-from .grading import call_reader, close_to, grade, number
 from ..gpt import GPT, GPTConfig
+from .grading import call_reader, close_to, grade, number
 
 
 def _nucleus(logits, p):

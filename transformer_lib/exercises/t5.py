@@ -11,8 +11,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .grading import close_to, grade
 from ..t5 import relative_position_bucket
+from .grading import close_to, grade
 
 
 def check_buckets(fn) -> None:

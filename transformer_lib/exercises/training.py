@@ -13,8 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .grading import call_reader, close_to, grade, number
 from ..validation import checked
+from .grading import call_reader, close_to, grade, number
 
 
 def _smoothing_variants(logits, target, label_smoothing, pad_id) -> dict:
