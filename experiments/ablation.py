@@ -14,6 +14,7 @@ CPU thread for three seeds (`make experiments` runs it)."""
 
 import time
 
+import torch
 from record import log, seeds_parser, write_results  # experiments/record.py, beside this script
 
 from transformer_lib.data import CharTokenizer, number_pairs, split_numbers, training_numbers
@@ -34,7 +35,7 @@ def chapter_tokenizer(numbers=STEPS * BATCH):
     return CharTokenizer.from_texts([text for pair in number_pairs(drawn) for text in pair])
 
 
-def ablation(tokenizer, steps, seed, test_size=500, **options) -> dict:
+def ablation(tokenizer, steps, seed, test_size=500, device="cpu", **options) -> dict:
     """Chapter 8's ablation(): a fresh model trained on 0..9,999, its held-out exact match and CER (greedy) on the
     first test_size of the 500 test numbers (all of them unless a smoke test asks for fewer)."""
     small_train, _, small_test = split_numbers(10_000, 500, 1_000, seed=0)
@@ -43,7 +44,7 @@ def ablation(tokenizer, steps, seed, test_size=500, **options) -> dict:
                                d_ff=256, num_encoder_layers=2, num_decoder_layers=2, dropout=0.0, max_len=128,
                                pad_id=tokenizer.pad_id)
     model, history = train_translator(config, tokenizer, number_pairs(small_train), steps, seed=seed, lr=PEAK_LR,
-                                      **options)
+                                      device=device, **options)
     scores = evaluate_translations(translate(model, tokenizer, [en for en, _ in test_pairs]),
                                    [de for _, de in test_pairs])
     return {"exact_match": scores["exact_match"], "cer": scores["cer"],
@@ -60,6 +61,8 @@ def make_parser():
                         "from the first N of its 64,000 training numbers (default: all, as Chapter 8 does; writing "
                         "them out in words is most of a short run's time, and the first 500 already hold the same "
                         "31 characters, 2026-11-27)")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), help="a subset of the variants (default: all)")
+    parser.add_argument("--device", default="cpu", help="where to train (cuda: say so where the results are quoted)")
     return parser
 
 
@@ -72,15 +75,18 @@ def main(argv=None):
         parser.error(f"--tokenizer-numbers must lie in 1..{STEPS * BATCH:,} (the chapter's training numbers), got "
                      f"{args.tokenizer_numbers}")
     tokenizer = chapter_tokenizer(args.tokenizer_numbers)
+    settings = {"steps": args.steps, "seeds": args.seeds, "test_size": args.test_size,
+                "characters": "".join(tokenizer.chars),
+                **({"device": torch.cuda.get_device_name()} if args.device == "cuda" else {})}
     runs = []
-    for name, options in VARIANTS.items():
+    for name in args.variants:
+        options = VARIANTS[name]
         for seed in args.seeds:
             start = time.perf_counter()
-            run = ablation(tokenizer, args.steps, seed, args.test_size, **options)
+            run = ablation(tokenizer, args.steps, seed, args.test_size, args.device, **options)
             log(runs, {"variant": name, "seed": seed, **run, "seconds": round(time.perf_counter() - start, 1)})
-    return write_results("experiments/ablation.py", {"steps": args.steps, "seeds": args.seeds,
-                                                     "test_size": args.test_size, "characters": "".join(tokenizer.chars)},
-                         runs, args.json)
+            result = write_results("experiments/ablation.py", settings, runs, args.json)   # what is done so far
+    return result
 
 
 if __name__ == "__main__":

@@ -500,15 +500,3 @@ def test_decay_groups_decay_only_the_weight_matrices():
         decay_groups(model, -0.1)
     with pytest.raises(ValueError, match="^model must be an nn.Module"):
         decay_groups([], 0.1)
-
-
-def test_training_exposes_chapter_10s_fit_without_a_circular_import():
-    """fit lives in classifier.py (Chapter 10), which imports training.py; training.py hands it out on first use.
-    A fresh interpreter, importing training.py first, sees the same function; other names still fail as usual."""
-    import subprocess
-    import sys
-    from pathlib import Path
-    code = ("import transformer_lib.training as t; from transformer_lib.training import fit; "
-            "import transformer_lib.classifier as c; assert fit is c.fit is t.fit; "
-            "assert not hasattr(t, 'no_such_name')")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)

@@ -333,16 +333,6 @@ def train(model, loss_fn, batches, optimizer, scheduler=None, steps: int = 1, *,
         history["seconds"] = time.perf_counter() - t0
     return history
 
-
-def __getattr__(name):
-    """Lets `from transformer_lib.training import fit` work: fit, the training recipe of Part III (AdamW with
-    decay_groups, warmup_linear_scheduler, then train), is built in Chapter 10 and lives in classifier.py. That
-    module imports this one, so fit is imported here on first use, not at the top."""
-    if name == "fit":
-        from .classifier import fit
-        return fit
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 # %% ../chapters/08_training.ipynb #c044
 CHECKSUM_KEY = "sha256"
 
