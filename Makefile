@@ -37,7 +37,7 @@ unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: help venv lock lock-floor lock-check export sync-check lint test-lib test-notebooks test-notebooks-training \
         test-notebooks-other-cpu test-notebooks-ci test-notebooks-training-other-cpu \
-        book book-stored test-browser test-lib-timed book-and-browser test test-fast test-floor test-gpu bench recipes experiments clean
+        book book-stored test-browser test-lib-timed book-and-browser test test-fast test-floor test-gpu bench recipes experiments experiments-gpu clean
 
 help:
 	@echo "make book   execute every chapter and build the HTML book into _build/html/ (open _build/html/index.html)"
@@ -270,6 +270,22 @@ experiments: venv recipes
 	    OMP_NUM_THREADS=1 $(BIN)/python experiments/decoder_classifier.py --json $(RESULTS)/decoder_classifier.json) & \
 	    OMP_NUM_THREADS=1 $(BIN)/python experiments/vit_seeds.py --json $(RESULTS)/vit_seeds.json; \
 	    status=$$?; wait $$! && exit $$status
+
+# Not part of `make test` or `make experiments`: the comparisons that ran on a GPU (experiments/README.md, "Run on a
+# GPU"). The data are written first with the book's Python, so that another Python trains on the same ids.
+experiments-gpu: venv
+	$(BIN)/python experiments/decoder_ablation.py --save-data _build/ch14_ids.pt
+	$(BIN)/python experiments/tokenizer_compute.py --save-data _build/tokenizer_ids.pt
+	for seed in 0 1 2; do $(BIN)/python experiments/decoder_ablation.py --device cuda --data _build/ch14_ids.pt \
+	    --seeds $$seed $$( [ $$seed = 0 ] && echo --lora ) --json _build/decoder_ablation_$$seed.json & done; \
+	    $(BIN)/python experiments/tokenizer_compute.py --device cuda --data _build/tokenizer_ids.pt \
+	    --json $(RESULTS)/tokenizer_compute.json & \
+	    $(BIN)/python experiments/ablation.py --steps 2000 --device cuda --loss-every 10 \
+	    --json $(RESULTS)/ablation_long.json; wait
+	$(BIN)/python -c "import json; p = [json.load(open(f'_build/decoder_ablation_{s}.json')) for s in range(3)]; \
+	    r = {**p[0], 'runs': [x for q in p for x in q['runs']], 'seconds_per_process': [q['seconds'] for q in p]}; \
+	    r['settings']['seeds'] = [0, 1, 2]; r.pop('seconds'); \
+	    json.dump(r, open('$(RESULTS)/decoder_ablation.json', 'w'), indent=1)"
 
 clean:
 	rm -rf _build

@@ -35,7 +35,7 @@ def chapter_tokenizer(numbers=STEPS * BATCH):
     return CharTokenizer.from_texts([text for pair in number_pairs(drawn) for text in pair])
 
 
-def ablation(tokenizer, steps, seed, test_size=500, device="cpu", **options) -> dict:
+def ablation(tokenizer, steps, seed, test_size=500, device="cpu", loss_every=1, **options) -> dict:
     """Chapter 8's ablation(): a fresh model trained on 0..9,999, its held-out exact match and CER (greedy) on the
     first test_size of the 500 test numbers (all of them unless a smoke test asks for fewer)."""
     small_train, _, small_test = split_numbers(10_000, 500, 1_000, seed=0)
@@ -48,7 +48,7 @@ def ablation(tokenizer, steps, seed, test_size=500, device="cpu", **options) -> 
     scores = evaluate_translations(translate(model, tokenizer, [en for en, _ in test_pairs]),
                                    [de for _, de in test_pairs])
     return {"exact_match": scores["exact_match"], "cer": scores["cer"],
-            "loss": [round(x, 5) for x in history["loss"]]}
+            "loss": [round(x, 5) for x in history["loss"][loss_every - 1::loss_every]]}
 
 
 def make_parser():
@@ -62,6 +62,7 @@ def make_parser():
                         "them out in words is most of a short run's time, and the first 500 already hold the same "
                         "31 characters, 2026-11-27)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), help="a subset of the variants (default: all)")
+    parser.add_argument("--loss-every", type=int, default=1, help="keep every Nth step's training loss (default: all)")
     parser.add_argument("--device", default="cpu", help="where to train (cuda: say so where the results are quoted)")
     return parser
 
@@ -77,13 +78,14 @@ def main(argv=None):
     tokenizer = chapter_tokenizer(args.tokenizer_numbers)
     settings = {"steps": args.steps, "seeds": args.seeds, "test_size": args.test_size,
                 "characters": "".join(tokenizer.chars),
-                **({"device": torch.cuda.get_device_name()} if args.device == "cuda" else {})}
+                **({"device": torch.cuda.get_device_name()} if args.device == "cuda" else {}),
+                **({"loss_every": args.loss_every} if args.loss_every != 1 else {})}
     runs = []
     for name in args.variants:
         options = VARIANTS[name]
         for seed in args.seeds:
             start = time.perf_counter()
-            run = ablation(tokenizer, args.steps, seed, args.test_size, args.device, **options)
+            run = ablation(tokenizer, args.steps, seed, args.test_size, args.device, args.loss_every, **options)
             log(runs, {"variant": name, "seed": seed, **run, "seconds": round(time.perf_counter() - start, 1)})
             result = write_results("experiments/ablation.py", settings, runs, args.json)   # what is done so far
     return result

@@ -5,12 +5,14 @@ without `make experiments` being run again fails here."""
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "transformer_lib" / "results"
@@ -160,3 +162,60 @@ def test_committed_results_match_the_scripts_defaults(name):
         check_qa(result, args["seeds"], args["steps"], args["conditions"])
     else:
         check_vit(result, args["seeds"], args["steps"], args["shuffle_steps"])
+
+
+def synthetic_ids(n, vocab, seed):
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def test_decoder_ablation_trains_every_kind_of_arm_and_the_lora_study(monkeypatch):
+    """experiments/decoder_ablation.py (its committed results ran on a GPU): each option of its scaffold builds and
+    trains, the base arm is the library's Llama, and the LoRA study runs, here on random ids for two steps."""
+    m = load_script("decoder_ablation")
+    assert m.assert_base_is_llama("cpu") < 1e-10
+    data = {"train": synthetic_ids(4000, m.VOCAB, 0), "heldout": synthetic_ids(2 * (m.LONG + 1), m.VOCAB, 1),
+            "heldout_bytes": 6000, "tune": synthetic_ids(2000, m.VOCAB, 2), "tune_valid": synthetic_ids(600, m.VOCAB, 3),
+            "tune_test": synthetic_ids(600, m.VOCAB, 4), "tune_bytes": {"valid": 1500, "test": 1500}}
+    for name in ("no positions instead of RoPE", "GPT-2 style (learned, LayerNorm, GELU, biases)",
+                 "1 key/value head (MQA)"):
+        model, run = m.train_arm(data, name, 0, 2, "cpu", batch_size=2)
+        assert run["options"] == {**m.BASE, **m.ARMS[name]} and math.isfinite(run["bits_per_byte"])
+        assert ("ranges" in run) == (name in m.POSITION_ARMS)
+    monkeypatch.setattr(m, "LORA_GRID", {arm: grid[:1] for arm, grid in m.LORA_GRID.items()})
+    base = m.Decoder(**m.BASE).eval()
+    study = m.lora_study(base, data, "cpu", (0,), steps=2)
+    trainable = {r["arm"]: r["trainable"] for r in study["runs"]}
+    assert trainable["LoRA, rank 4 on W_q and W_v"] == m.LAYERS * 2 * 4 * (m.WIDTH + m.WIDTH)
+    assert trainable["full fine-tuning"] == sum(p.numel() for p in base.parameters() if p.requires_grad)
+
+
+def test_tokenizer_compute_runs_on_any_vocabulary():
+    m = load_script("tokenizer_compute")
+    data = {"heldout_bytes": 3000, "train_bytes": 9000, 300: {"train": synthetic_ids(3000, 300, 0),
+                                                             "heldout": synthetic_ids(1000, 300, 1)}}
+    run = m.run(data, 300, 0, "cpu", steps=2)
+    assert run["vocab"] == 300 and math.isfinite(run["bits_per_byte"]) and run["bytes_per_token"]["train"] == 3.0
+
+
+def test_the_gpu_results_are_complete():
+    """The three results files written on a GPU (2026-11-28): every arm, vocabulary and variant at three seeds."""
+    abl = json.loads((RESULTS / "decoder_ablation.json").read_text())
+    m = load_script("decoder_ablation")
+    assert abl["base_equals_llama"] < 1e-10 and abl["settings"]["steps"] == defaults("decoder_ablation")["steps"]
+    assert sorted((r["arm"], r["seed"]) for r in abl["runs"]) == sorted((a, s) for a in m.ARMS for s in (0, 1, 2))
+    assert all(len(r["eval"]) == len(r["eval_step"]) and r["eval_step"][-1] == r["steps"] for r in abl["runs"])
+    lora = abl["lora"]
+    assert set(lora["chosen_lr"]) == set(m.LORA_GRID) | {"control: full fine-tuning on the training modules"}
+    for arm, lr in lora["chosen_lr"].items():              # the chosen rate is the grid's best on validation
+        grid = [r for r in lora["grid"] if r["arm"] == arm.replace("control: full fine-tuning on the training modules",
+                                                                  "full fine-tuning")]
+        assert lr == min(grid, key=lambda r: r["valid"])["lr"]
+    tok = json.loads((RESULTS / "tokenizer_compute.json").read_text())
+    t = load_script("tokenizer_compute")
+    assert sorted((r["vocab"], r["seed"]) for r in tok["runs"]) == sorted((v, s) for v in t.VOCABS for s in (0, 1, 2))
+    assert all(r["steps"] == t.STEPS and r["eval_step"][-1] == t.STEPS for r in tok["runs"])
+    long = json.loads((RESULTS / "ablation_long.json").read_text())
+    assert long["steps"] == 2000 and long["loss_every"] == 10
+    variants = load_script("ablation").VARIANTS
+    assert sorted((r["variant"], r["seed"]) for r in long["runs"]) == sorted((v, s) for v in variants for s in (0, 1, 2))
+    assert all(len(r["loss"]) == 200 for r in long["runs"])
