@@ -147,6 +147,8 @@ GRADERS = [
         (smallest_score_wins, "SMALLEST score"),
         (argmax_breaks_the_tie, "two equal largest scores"),
         (lambda s: s.softmax(-1), "two tensors"),
+        (lambda s: ((1e-3 * s).float().softmax(-1), (1e3 * s).float().softmax(-1)), "c -> 0 weights are close"),
+        (lambda s: ((1e-12 * s).softmax(-1), (20 * s).softmax(-1)), "c -> infinity weights are close"),
     ], prints='both limits are right'),
     grader_row(check_additive_scores, correct=[additive, additive32], mistakes=[
         (transposed_scores, "transposed"),

@@ -123,8 +123,8 @@ def min_mse(alpha):
     return (1 - alpha) ** 2 / norm, alpha ** 2 / norm
 
 
-def min_mse_sampled(alpha):                     # least squares on samples, in float32
-    u, v = torch.randn(2, 200_000, generator=torch.Generator().manual_seed(0))
+def min_mse_sampled(alpha, samples=200_000, seed=0):     # least squares on samples, in float32
+    u, v = torch.randn(2, samples, generator=torch.Generator().manual_seed(seed))
     blend = alpha * u + (1 - alpha) * v
     out = []
     for target in (u, v):
@@ -298,7 +298,9 @@ GRADERS = [
         (w_q_shrunk, "shrank W_q too"),
         (lambda d_model, num_heads, kv_heads: 5, "must return two numbers"),
     ]),
-    grader_row(check_min_mse, correct=[min_mse, min_mse_sampled], mistakes=[
+    grader_row(check_min_mse, correct=[min_mse, min_mse_sampled] + [  # the exercise's 10,000 samples, any seed
+        lambda a, seed=seed: min_mse_sampled(a, 10_000, seed) for seed in range(5)], mistakes=[
+        (lambda a: min_mse_sampled(a, 1_000, 0), "too noisy"),          # 1,000 samples: 4.5 % spread
         (lambda a: min_mse(a)[::-1], "swapped"),
         (lambda a: (2 * (1 - a) ** 2, 2 * a ** 2), "s = 1"),
         (lambda a: (1 - a, a), "where their squares belong"),

@@ -98,6 +98,31 @@ def rotate(x, positions):                                         # with the mat
     return torch.stack([offset_matrix(int(p), x.size(-1)) @ row for p, row in zip(positions, x, strict=True)])
 
 
+def rotate64(x, positions):                                       # pairwise, without matrices, in float64
+    angle = positions[:, None].double() * _omega(x.size(-1), 10000.0)
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack([a * angle.cos() + b * angle.sin(), b * angle.cos() - a * angle.sin()], -1).flatten(-2)
+
+
+_CACHE = {}
+
+
+def rotate_cached(x, positions):                                  # a cos/sin cache of 5,000 positions, as LLaMA's
+    d = x.size(-1)
+    if d not in _CACHE:
+        angle = torch.arange(5000, dtype=torch.float64)[:, None] * _omega(d, 10000.0)
+        _CACHE[d] = angle.cos(), angle.sin()
+    c, s = (t[positions].to(x.dtype) for t in _CACHE[d])
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack([a * c + b * s, b * c - a * s], -1).flatten(-2)
+
+
+def rotate_one_matrix(x, positions):                              # one M_p at a time, never a stack: still O(d^2)
+    return torch.stack([torch.stack([offset_matrix(int(p), x.size(-1)).to(x.dtype) @ r
+                                     for p, r in zip(positions, rows, strict=True)])
+                        for rows in x.reshape(-1, *x.shape[-2:])]).reshape(x.shape)
+
+
 def rotate32(x, positions):                                       # pairwise, without matrices, in float32
     x = x.float()
     angle = positions[:, None].float() * _omega(x.size(-1), 10000.0, dtype=torch.float32)
@@ -198,6 +223,11 @@ def from_the_formula(max_len, d_model, dtype):                  # no recurrence:
     return sinusoidal_encoding(max_len, d_model, dtype=dtype)
 
 
+def the_formula_in_float32(max_len, d_model, dtype):            # sin and cos of p w, all in dtype: no recurrence
+    angle = torch.arange(max_len, dtype=dtype)[:, None] * _omega(d_model, 10000.0, dtype=dtype)
+    return torch.stack([angle.sin(), angle.cos()], -1).flatten(1)
+
+
 def in_float64_then_cast(max_len, d_model, dtype):
     return by_rotation(max_len, d_model, torch.float64).to(dtype)
 
@@ -260,6 +290,7 @@ GRADERS = [
         (Call(from_pe_1, first_drift), "starts at PE\\(1\\)"),
         (Call(from_the_formula, first_drift), "not built by rotating in float32"),
         (Call(in_float64_then_cast, first_drift), "not built by rotating in float32"),
+        (Call(the_formula_in_float32, first_drift), "pair 0 .* equals sin p and cos p"),
         (Call(lambda n, d, dtype: by_rotation(n, d, dtype)[:-1], first_drift), "one row per position"),
         (Call(by_rotation, last_within), "the last position still within tol"),
         (Call(by_rotation, how_many), "how many positions"),
@@ -286,7 +317,9 @@ GRADERS = [
         (WithProjection, "no extra layer"),
         (RowZeroEverywhere, "every position gets row 0"),
     ]),
-    grader_row(check_rotary, correct=[rotate, rotate32], mistakes=[
+    grader_row(check_rotary, correct=[rotate64, rotate32, rotate_cached], mistakes=[
+        (rotate, r"shape \(5, 768, 768\)|shape \(768, 768\)"),          # the chapter's offset_matrix, stacked
+        (rotate_one_matrix, r"a d_model x d_model matrix"),
         (rotate_backwards, "rotate by -p"),
         (rotate_half, "rotate-half layout"),
         (pe_added, "added PE"),

@@ -61,7 +61,8 @@ def check_temperature_limits(fn, seed: int = 0) -> None:
     """Test a reader's `fn(scores) -> (w_zero, w_inf)`: the limits of the attention weights softmax(c * scores)
     (over the keys, the last axis) as c -> 0 and as c -> infinity. Multiplying Q by c multiplies every score by c.
     The scores (B, n_q, n_k) include a row whose two largest scores are equal. Raises AssertionError naming the
-    mistake (limits swapped, the smallest score winning, rows that do not sum to 1, a tie given to one key)."""
+    mistake (limits swapped, the smallest score winning, rows that do not sum to 1, a tie given to one key, a c
+    that is not small or large enough when the limits are taken numerically)."""
     g = torch.Generator().manual_seed(seed)
     scores = torch.randn(2, 3, 5, generator=g, dtype=torch.float64)        # (B, n_q, n_k)
     row = scores[1, 2]
@@ -88,6 +89,11 @@ def check_temperature_limits(fn, seed: int = 0) -> None:
         if not torch.allclose(s, torch.ones_like(s), atol=1e-4):
             raise AssertionError(f"the rows of your c -> 0 weights sum to {s.flatten()[0]:.3g}, not 1: attention "
                                  f"weights always sum to 1, so each of the {n_k} equal weights is 1/{n_k}")
+        off = (w_zero.detach().double().cpu() - want_zero).abs().max().item()
+        if off < 1e-2:
+            raise AssertionError(f"your c -> 0 weights are close to uniform (off by up to {off:.1g}), but not close "
+                                 "enough: the check compares at about 1e-7 (1e-4 for float32 work). If you took a "
+                                 "small c, take it far smaller (c = 1e-12), or write the limit down")
         raise AssertionError(f"your c -> 0 weights are not uniform: each of the n_k = {n_k} keys must get 1/{n_k} "
                              f"= {1 / n_k:.3g} (all scores c*s tend to 0)")
     if not close_to(w_inf, want_inf):
@@ -105,6 +111,11 @@ def check_temperature_limits(fn, seed: int = 0) -> None:
             raise AssertionError("query 2 of batch 1 has two equal largest scores, and your c -> infinity weights "
                                  "give all of it to one key (argmax picks one): softmax keeps tied scores equal for "
                                  "every c, so the limit gives each of them 1/2")
+        off = (w_inf.detach().double().cpu() - want_inf).abs().max().item()
+        if off < 1e-2:
+            raise AssertionError(f"your c -> infinity weights are close to the limit (off by up to {off:.1g}), but "
+                                 "not close enough: the check compares at about 1e-7 (1e-4 for float32 work). If you "
+                                 "took a large c, take it far larger (c = 1e12), or write the limit down")
         raise AssertionError("your c -> infinity weights are not one-hot on the largest score of each row (tied "
                              "largest scores share the weight equally)")
     print("check_temperature_limits: both limits are right, the tie included")

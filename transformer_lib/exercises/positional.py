@@ -8,6 +8,8 @@ __all__ = ['check_sinusoidal_encoding', 'check_learned_positions', 'check_rotary
 import math
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from ..positional import sinusoidal_encoding
 from .grading import call_reader, close_to, grade, number
@@ -192,11 +194,31 @@ def _rotation(p, d_model):
     return torch.block_diag(*torch.stack([torch.stack([c, s], -1), torch.stack([-s, c], -1)], -2))
 
 
+class _WidestTensors(TorchDispatchMode):
+    """Watches every torch operation run inside it and keeps the shape of the first tensor (argument or result)
+    with two axes of at least `width`: a d_model x d_model matrix, or a stack of them."""
+
+    def __init__(self, width):
+        super().__init__()
+        self.width, self.found = width, None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.found is None:
+            for t in tree_leaves((args, kwargs, out)):
+                if isinstance(t, torch.Tensor) and sum(size >= self.width for size in t.shape) >= 2:
+                    self.found = (tuple(t.shape), func.__name__.split(".")[0])
+                    break
+        return out
+
+
 def check_rotary(fn) -> None:
     """Test a reader's fn(x, positions) -> x's shape: row t of x (..., n, d_model) rotated by M_{positions[t]}
     (section 3.4's offset_matrix), against the reference, on (n, d_model) and on (B, h, n, d_model); then checks,
     with the reader's own function, that the scores fn(q, p) . fn(k, p') do not change when p and p' shift
-    together. Names the usual slips: rotating by -p, pairing features i and i + d/2 (the rotate-half layout),
+    together; then watches the torch operations of one call at d_model = 768 and fails an answer that builds a
+    d_model x d_model matrix (a tensor with two axes of 768 or more), the exercise's one constraint. Names the
+    usual slips: rotating by -p, pairing features i and i + d/2 (the rotate-half layout),
     exponent i/d_model, adding PE instead of rotating, ignoring the positions, rotating along the wrong axis."""
     g = torch.Generator().manual_seed(0)
     n, d_model = 6, 16
@@ -256,8 +278,19 @@ def check_rotary(fn) -> None:
     if spread > 1e-6 * max(1.0, abs(scores[0])) + (1e-3 if got.dtype != torch.float64 else 0):
         raise AssertionError(f"your rotated scores for offset 7 change with the position: "
                              f"{[round(s, 4) for s in scores]} at p = 3, 4, 103, 4003")
+    wide, rows = 768, torch.tensor([0, 3, 7, 100, 2000])               # the constraint: no d_model x d_model matrix
+    x_wide = torch.randn(len(rows), wide, generator=g, dtype=torch.float64)
+    call(x_wide, rows)                                                  # once unwatched (first-call set-ups)
+    with _WidestTensors(wide) as watch:
+        got = call(x_wide, rows)
+    if watch.found is not None:
+        shape, op = watch.found
+        raise AssertionError(f"fn(x {tuple(x_wide.shape)}, positions {rows.tolist()}) works with a tensor of shape "
+                             f"{shape} (in torch's {op}): that is a d_model x d_model matrix (M_p built whole), "
+                             "O(n d_model^2) work. M_p is block-diagonal: turn each pair (x_2i, x_2i+1) by its own "
+                             "angle p w_i, with one cosine and one sine per pair, on x[..., 0::2] and x[..., 1::2]")
     print(f"check_rotary: M_p x right, also on (B, h, n, d_model); q~_p . k~_p' = {scores[0]:.4f} for p' - p = 7 "
-          "at p = 3, 4, 103, 4003")
+          "at p = 3, 4, 103, 4003; no d_model x d_model matrix built (d_model = 768)")
 
 # --- exercise 1: the table by recurrence, and its float32 drift
 
@@ -286,8 +319,9 @@ def check_pe_recurrence(fn, first_drift) -> None:
     """Test a reader's fn(max_len, d_model, dtype) -> (max_len, d_model), the sinusoidal table built by recurrence
     (PE(0) = (0, 1, 0, 1, ...), PE(p + 1) = M_1 PE(p), every operation in dtype), and first_drift(table, tol) ->
     the first position p whose row differs from the float64 formula by more than tol in some entry (None if
-    none). fn must equal the formula in float64 and drift in float32 (a table that does not drift was not built
-    by rotation in float32); first_drift is graded on the reader's own float32 table and on two tables with a
+    none). fn must equal the formula in float64 and drift in float32 (a table that does not drift, or whose pair 0
+    does not, was not built by rotation in float32: the direct formula in float32 drifts in the other pairs, from
+    rounding p w_i, but not in pair 0, where w_0 = 1); first_drift is graded on the reader's own float32 table and on two tables with a
     known answer. Names the usual slips; prints the reader's own float32 drift."""
     mistakes = {
         "you rotate backwards (M_1 transposed, that is M_-1): your row p is PE(-p), whose sines have the wrong "
@@ -321,6 +355,13 @@ def check_pe_recurrence(fn, first_drift) -> None:
                              f"{error.max():.1g}): it was not built by rotating in float32. Compute M_1's cosines "
                              "and sines, and every row from the previous one, in dtype (not in float64 cast at "
                              "the end, not from sin and cos of p)")
+    pair_0 = (table[:, :2].double() - sinusoidal_encoding(5000, 2, dtype=torch.float64)).abs().max().item()
+    if pair_0 < 1e-6:           # w_0 = 1: p w_0 is exact in float32, so only a table from sin and cos of p is exact
+        raise AssertionError(f"fn(5000, 64, torch.float32): your pair 0 (columns 0 and 1, w_0 = 1) equals sin p and "
+                             f"cos p to float32's rounding at every p (max error {pair_0:.1g}), but turning a row "
+                             "5,000 times by float32's M_1 drifts there by about 2e-4: your rows come from sin and "
+                             "cos of an angle p w computed in float32, not from the previous row. Build row p + 1 "
+                             "by rotating row p")
     ramp = sinusoidal_encoding(400, 16, dtype=torch.float64)
     ramp[:, 3] += torch.arange(400, dtype=torch.float64) * 1e-5       # one entry drifts: 1e-5 per position
     cases = {"first_drift(your float32 table of fn(5000, 64), tol=1e-4)": (table, 1e-4),
