@@ -26,6 +26,8 @@ def run(check, answer):
 @pytest.mark.filterwarnings("ignore:enable_nested_tensor")
 @pytest.mark.parametrize("check, answer, words, prints", CASES)
 def test_grader(check, answer, words, prints, capsys):
+    if check.__name__ == "check_rouge_l":        # grades against rouge-score (the book's requirements install it)
+        pytest.importorskip("rouge_score")
     if words is None:
         run(check, answer)
         out = capsys.readouterr().out

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import importlib.util
 import math
+import platform
 import shutil
 from pathlib import Path
 
@@ -34,6 +35,24 @@ def recipes_script():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def skip_where_the_data_are_this_pythons_own(setup, record):
+    """Skip, naming why, where this Python builds other data than the record's and is another Python than the one
+    the recipe ran on: several recipes train on the standard library's own files (Chapters 11, 14-16), which differ
+    from one Python to the next. On the record's Python a change of the data still fails."""
+    this, theirs = platform.python_version(), record["python"]
+    if setup["data"] != record["data"] and this.split(".")[:2] != theirs.split(".")[:2]:
+        pytest.skip(f"recipe {record['recipe']!r}: this Python ({this}) builds other data than the recipe's Python "
+                    f"({theirs}) did (the data's sha256 differ); run the recipe's tests on Python {theirs}")
+
+
+def trunc_normal_draws_resampled_normals() -> bool:
+    """Whether this torch draws nn.init.trunc_normal_ (the ViT's initialisation) as the torch that trained the vit
+    recipe (2.13) does: normal draws, redrawn outside the bounds, so with bounds 100 std away the plain normal
+    draws. Older versions invert the CDF of uniform draws (pytorch/pytorch#174997): other weights from one seed."""
+    drawn = torch.nn.init.trunc_normal_(torch.empty(64), std=0.02, generator=torch.Generator().manual_seed(0))
+    return torch.equal(drawn, torch.empty(64).normal_(0, 0.02, generator=torch.Generator().manual_seed(0)))
 
 
 def test_every_recipe_has_a_record_and_every_record_a_recipe():
@@ -72,12 +91,17 @@ def test_the_record_holds_the_recipes_current_arguments_and_data(name):
     setup, r = recipes_script().SETUPS[name](), recipe_record(name)
     configs = {"config": dataclasses.asdict(setup["config"])} if "config" in setup else {}   # variants: per run
     assert r["args"] == {**configs, **setup["args"]}
+    skip_where_the_data_are_this_pythons_own(setup, r)
     assert r["data"] == setup["data"], "the recipe's data changed since it was trained: run `make recipes`"
 
 
 @pytest.mark.parametrize("name", RECORDS)
 def test_the_first_steps_of_a_recipe_reproduce_its_recorded_losses(name):
-    losses = recipes_script().FIRST_STEPS[name](20)
+    skip_where_the_data_are_this_pythons_own(recipes_script().SETUPS[name](), recipe_record(name))
+    if name == "vit" and not trunc_normal_draws_resampled_normals():
+        pytest.skip(f"torch {torch.__version__} draws the ViT's initial weights (nn.init.trunc_normal_) otherwise "
+                    f"than the recipe's torch {recipe_record(name)['torch']}: other weights from the same seed")
+    losses = recipes_script().FIRST_STEPS[name](20)       # on the CPU, as every recipe ran
     assert len(losses) == 20
     # measured gaps at 20 steps: at most 3.9e-6 on other kernels (experiments/README.md); a changed beta2 of
     # Adam gives 3.4e-4 there, label smoothing 0.105 instead of 0.1 gives 2.0e-3
@@ -90,6 +114,7 @@ def test_every_checkpoint_file_is_the_recorded_run(name):
     to the recorded history: each checkpoint scores what the record holds for its step (validation loss, held-out
     bits per byte, test cross-entropy: the recipe's evaluate)."""
     setup, r = recipes_script().SETUPS[name](), recipe_record(name)
+    skip_where_the_data_are_this_pythons_own(setup, r)
     recorded = dict(zip(r["history"]["eval_step"], r["history"]["eval"], strict=True))
     checked = 0
     for file, entry in r["files"].items():
@@ -99,6 +124,14 @@ def test_every_checkpoint_file_is_the_recorded_run(name):
             assert abs(value / recorded[entry["step"]] - 1) < 1e-4, file
             checked += 1
     assert checked >= 1 and r["final"] in r["files"]
+
+
+def test_only_another_python_with_other_data_skips():
+    ours, other = {"recipe": "x", "data": {"a": "1"}, "python": platform.python_version()}, "3.0.1"
+    with pytest.raises(pytest.skip.Exception, match=r"recipe 'x': this Python .* other data than the recipe's Python"):
+        skip_where_the_data_are_this_pythons_own({"data": {"a": "2"}}, ours | {"python": other})
+    skip_where_the_data_are_this_pythons_own({"data": {"a": "1"}}, ours | {"python": other})    # the same data
+    skip_where_the_data_are_this_pythons_own({"data": {"a": "2"}}, ours)     # the record's Python: the test fails
 
 
 def test_the_data_hash_follows_the_data():
