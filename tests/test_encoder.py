@@ -7,8 +7,14 @@ import torch
 import torch.nn as nn
 from helpers import randomize
 
-from transformer_lib.encoder import (Encoder, EncoderLayer, encoder_layer_to_torch, encoder_to_torch, to_torch_layer,
-                                    to_torch_stack)
+from transformer_lib.encoder import (
+    Encoder,
+    EncoderLayer,
+    encoder_layer_to_torch,
+    encoder_to_torch,
+    to_torch_layer,
+    to_torch_stack,
+)
 from transformer_lib.exercises.encoder import check_encoder_layer
 from transformer_lib.multi_head import MultiHeadAttention, attention_maps, copy_to_torch_mha
 
