@@ -7,7 +7,14 @@ import torch
 import torch.nn as nn
 from helpers import randomize
 
-from transformer_lib.encoder import Encoder, EncoderLayer, encoder_layer_to_torch, encoder_to_torch
+from transformer_lib.encoder import (
+    Encoder,
+    EncoderLayer,
+    encoder_layer_to_torch,
+    encoder_to_torch,
+    to_torch_layer,
+    to_torch_stack,
+)
 from transformer_lib.exercises.encoder import check_encoder_layer
 from transformer_lib.multi_head import MultiHeadAttention, attention_maps, copy_to_torch_mha
 
@@ -257,6 +264,26 @@ def test_encoder_constructor_value_errors(kwargs, match):
     args = dict(num_layers=2, d_model=16, num_heads=4, d_ff=32) | kwargs
     with pytest.raises(ValueError, match=match):
         Encoder(**args)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: to_torch_layer("oops", nn.TransformerEncoderLayer, {}), "^layer must be one of our layers .*got str"),
+    (lambda: to_torch_layer(EncoderLayer(16, 4, 32), nn.Linear, {}), "^torch_class must be .*got Linear"),
+    (lambda: to_torch_layer(EncoderLayer(16, 4, 32), nn.TransformerEncoderLayer, ["self_attn"]),
+     "^attentions must be a dict"),
+    (lambda: to_torch_layer(EncoderLayer(16, 4, 32), nn.TransformerDecoderLayer, {"cross_attn": "multihead_attn"}),
+     "^layer has no cross_attn: got EncoderLayer"),
+    (lambda: to_torch_stack("oops", nn.TransformerEncoder, encoder_layer_to_torch), "^stack must be .*got str"),
+    (lambda: to_torch_stack(EncoderLayer(16, 4, 32), nn.TransformerEncoder, encoder_layer_to_torch),
+     "^stack must be one of our stacks .*got EncoderLayer"),
+    (lambda: to_torch_stack(Encoder(1, 16, 4, 32), nn.TransformerEncoderLayer, encoder_layer_to_torch),
+     "^torch_class must be nn.TransformerEncoder or nn.TransformerDecoder, got TransformerEncoderLayer"),
+    (lambda: to_torch_stack(Encoder(1, 16, 4, 32), nn.TransformerEncoder, 3), "^layer_to_torch must be a function"),
+])
+def test_converters_check_their_arguments(call, match):
+    """The public converters raise a ValueError naming the argument (the appendix's door rule), not AttributeError."""
+    with pytest.raises(ValueError, match=match):
+        call()
 
 
 def test_default_dropout_is_the_papers():

@@ -312,7 +312,8 @@ GRADERS = [
         (input_to_every_layer, "every layer got the input"),
     ], prints='check_stream_std: correct'),
     grader_row(check_residual_scale, correct=[2**16, 4.7e4, torch.tensor(65536.0)], prints="correct", mistakes=[
-        (2.0**32, "square of the std"), (2.0**14, "more than a factor 2 away|less than a factor 2 away"), (33, "added 1 per block"), (33**0.5, "unit variance"),
+        (2.0**32, "square of the std"), (2.0**14, "more than a factor 2 below"), (2.0**8, "more than a factor 2 below"),
+        (2.0**20, "more than a factor 2 above"), (33, "added 1 per block"), (33**0.5, "unit variance"),
         (1.0, "preserves the scale"), (-1, "positive")]),
     grader_row(check_layer_norm_backward, correct=[layer_norm_backward, layer_norm_backward32], mistakes=[
         (_slip("mean held"), "gradient through the mean is missing"),

@@ -5,6 +5,7 @@ import torch
 from helpers import grader_row
 
 from transformer_lib.exercises.decoder import (
+    check_first_leak,
     check_future_mask,
     check_parameter_count,
     check_prefix_lm_mask,
@@ -78,6 +79,18 @@ def test_a_refused_build_leaves_nn_module_working():
 def forgot_cross_attention(c):
     d = c.d_model
     return my_parameter_count(c) - c.num_decoder_layers * (4 * d * d + 4 * d + 2 * d)
+
+
+def two_norms_per_decoder_layer(c):                        # the encoder's two LayerNorms, not three
+    return my_parameter_count(c) - c.num_decoder_layers * 2 * c.d_model
+
+
+def one_final_norm(c):
+    return my_parameter_count(c) - (2 * c.d_model if c.final_norm else 0)
+
+
+def two_slips(c):                                          # no final norms and no cross-attention: unnamed
+    return forgot_final_norms(c) + forgot_cross_attention(c) - my_parameter_count(c)
 
 
 # --- exercise 1: a prefix LM's mask
@@ -220,6 +233,54 @@ def float_mask(T):                                         # an additive mask, n
     return torch.zeros(T, T).masked_fill(fixed_future_mask(T)[0, 0].logical_not(), float("-inf"))[None, None]
 
 
+# --- exercise 4, the probe: the first leak found by running the layer
+
+def probe(layer, T, d_model, *, dtype=torch.float64, moved=lambda a, b: (a - b).abs().amax(dim=(0, 2)) > 1e-12,
+          upto=lambda t: t, together=False, pick=0):
+    """A causality probe with the knobs of its slips: the test (moved), the outputs looked at (upto), every
+    position after t changed at once (together), which moved output is reported (pick)."""
+    g = torch.Generator().manual_seed(0)
+    y = torch.randn(2, T, d_model, dtype=dtype, generator=g)
+    out = layer(y)
+    for t in range(T):
+        y2 = y.clone()
+        changed = slice(t + 1, None) if together else slice(t, t + 1)
+        y2[:, changed] = torch.randn(y2[:, changed].shape, dtype=dtype, generator=g)
+        hits = moved(layer(y2), out)[:upto(t) + 1 if together else upto(t)].nonzero().flatten()
+        if len(hits):
+            return (t + 1 if together else t), int(hits[pick])
+    return None
+
+
+def first_leak(layer, T, d_model):
+    return probe(layer, T, d_model)
+
+
+def first_leak32(layer, T, d_model):                       # float32 inputs, exact comparison
+    return probe(layer, T, d_model, dtype=torch.float32, moved=lambda a, b: (a != b).any(0).any(-1))
+
+
+def loose(layer, T, d_model):                              # torch.allclose's tolerances
+    return probe(layer, T, d_model, moved=lambda a, b: ~torch.isclose(a, b).all(0).all(-1))
+
+
+def all_after(layer, T, d_model):                          # the chapter's check: every position after t at once
+    return probe(layer, T, d_model, together=True)
+
+
+def includes_t(layer, T, d_model):                         # output t itself counted
+    return probe(layer, T, d_model, upto=lambda t: t + 1)
+
+
+def swapped(layer, T, d_model):
+    found = first_leak(layer, T, d_model)
+    return None if found is None else (found[1], found[0])
+
+
+def last_i(layer, T, d_model):                             # the last moved output, not the first
+    return probe(layer, T, d_model, pick=-1)
+
+
 def test_a_mask_that_hides_the_past_is_named():
     def no_past(T):
         return torch.eye(T, dtype=torch.bool)[None, None]
@@ -235,9 +296,12 @@ GRADERS = [
         (two_dimensional, "does not fit"),
     ], prints='check_tgt_mask: correct'),
     grader_row(check_parameter_count, correct=[my_parameter_count], mistakes=[
-        (forgot_final_norms, "final LayerNorms"),
+        (forgot_final_norms, "check the two final LayerNorms"),
         (forgot_biases, "biases"),
         (forgot_cross_attention, "cross-attention"),
+        (two_norms_per_decoder_layer, r"check the decoder layer's LayerNorms: it has three"),
+        (one_final_norm, "one per stack, two in all"),
+        (two_slips, r"wrong on \d+ of 16 configurations\)$"),
         (lambda c: float(my_parameter_count(c)), "expected an int"),
         (built_and_counted, "builds a Transformer.*without building the model"),
         (lambda c: my_parameter_count(c) + 0 * torch.nn.Linear(1, 1).weight.numel(), "builds a Linear"),
@@ -274,6 +338,16 @@ GRADERS = [
         (lambda T: torch.ones(T, T, dtype=torch.bool).triu()[None, None], "your mask is transposed"),
         (lambda T: fixed_future_mask(T)[0], "expected"),
     ], prints='check_future_mask: correct'),
+    grader_row(check_first_leak, correct=[first_leak, first_leak32], mistakes=[
+        (loose, "found no leak, but output 2 moves by about 1e-9.*tolerance"),
+        (all_after, r"you report \(4, 3\), but input 4 does not reach output 3; change one input position at a time"),
+        (includes_t, r"you report \(0, 0\).*EARLIER position"),
+        (swapped, "swapped"),
+        (last_i, "not the first"),
+        (lambda layer, T, d: None, r"found no leak, but there is one \(\(1, 0\)\)"),
+        (lambda layer, T, d: (T - 1, 0), "in a causal layer"),
+        (lambda layer, T, d: "x", "must return None or a pair"),
+    ], prints='check_first_leak: your probe finds the first leak'),
 ]
 
 

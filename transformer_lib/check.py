@@ -120,6 +120,7 @@ COMPONENTS = {
     "parameter_count": ((), "decoder:check_parameter_count", "chapter 7, exercise 2", None),
     "two_way_tied": ((), "decoder:check_two_way_tying", "chapter 7, exercise 3", None),
     "causal_mask": ((), "decoder:check_future_mask", "chapter 7, exercise 4", _causal_mask_as_future_mask),
+    "first_leak": ((), "decoder:check_first_leak", "chapter 7, exercise 4", None),
     "label_smoothing_loss": ((), "training:check_label_smoothing", "chapter 8, label smoothing", None),
     "others_smoothing": ((), "training:check_others_smoothing", "chapter 8, exercise 1", None),
     "length_penalty": ((), "training:check_length_penalty", "chapter 8, beam search", _length_penalty_as_score),

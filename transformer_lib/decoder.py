@@ -162,9 +162,12 @@ class Decoder(nn.Module):
         return self.norm(x) if self.norm is not None else x        # (B, T, d_model)
 
 
+# %% ../chapters/07_decoder.ipynb #c016c
+# Conversion to PyTorch's stack (folded: plumbing for the comparisons)
 def decoder_to_torch(decoder: Decoder) -> nn.TransformerDecoder:
     """An nn.TransformerDecoder with the same layers and final norm."""
     if not isinstance(decoder, Decoder):
         raise ValueError(f"decoder must be a Decoder (for one layer use decoder_layer_to_torch), "
                          f"got {type(decoder).__name__}")
     return to_torch_stack(decoder, nn.TransformerDecoder, decoder_layer_to_torch)
+

@@ -10,7 +10,7 @@ from .feed_forward import ACTIVATIONS, PositionwiseFeedForward
 from .multi_head import MultiHeadAttention, copy_to_torch_mha
 from .residual import LayerNorm, SublayerConnection
 from .validation import (check_bool, check_int, check_mask, check_same_dtype, check_tensor, checked,
-                                        check_attn_bias, checks_due)
+                                        check_attn_bias, checks_due, describe)
 
 # %% ../chapters/06_encoder.ipynb #c007
 class EncoderLayer(nn.Module):
@@ -62,6 +62,16 @@ def to_torch_layer(layer: nn.Module, torch_class: type, attentions: dict) -> nn.
     """A PyTorch layer of torch_class (nn.TransformerEncoderLayer or nn.TransformerDecoderLayer; batch_first)
     with our layer's sizes, activation, dropout, norm placement and weights. attentions maps our attention
     modules' names to PyTorch's; the i-th SublayerConnection's LayerNorm goes to norm{i}."""
+    if torch_class not in (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer):
+        given = torch_class.__name__ if isinstance(torch_class, type) else describe(torch_class)
+        raise ValueError(f"torch_class must be nn.TransformerEncoderLayer or nn.TransformerDecoderLayer, got {given}")
+    if not isinstance(attentions, dict):
+        raise ValueError(f"attentions must be a dict of our attention names to PyTorch's, got {describe(attentions)}")
+    missing = [name for name in ("self_attn", "feed_forward", *attentions) if not hasattr(layer, name)]
+    if not isinstance(layer, nn.Module):
+        raise ValueError(f"layer must be one of our layers (EncoderLayer or DecoderLayer), got {describe(layer)}")
+    if missing:
+        raise ValueError(f"layer has no {', '.join(missing)}: got {type(layer).__name__}")
     sublayers = [m for m in layer.children() if isinstance(m, SublayerConnection)]
     if not all(type(s.norm) is LayerNorm for s in sublayers) or layer.self_attn.scale is not None:
         raise ValueError("PyTorch's layers use LayerNorm and the scale 1/√d_k: this layer was built with another "
@@ -115,9 +125,20 @@ class Encoder(nn.Module):
         return self.norm(x) if self.norm is not None else x
 
 
+# %% ../chapters/06_encoder.ipynb #c017c
+# Conversion to PyTorch's stacks (folded: plumbing for the comparisons below)
 def to_torch_stack(stack: nn.Module, torch_class: type, layer_to_torch, **kwargs) -> nn.Module:
     """A PyTorch stack of torch_class (nn.TransformerEncoder or nn.TransformerDecoder) whose layers are
     layer_to_torch(ours) and whose final norm carries ours (or is None). kwargs go to torch_class."""
+    if torch_class not in (nn.TransformerEncoder, nn.TransformerDecoder):
+        given = torch_class.__name__ if isinstance(torch_class, type) else describe(torch_class)
+        raise ValueError(f"torch_class must be nn.TransformerEncoder or nn.TransformerDecoder, got {given}")
+    if not isinstance(stack, nn.Module) or not isinstance(getattr(stack, "layers", None), nn.ModuleList) \
+            or not hasattr(stack, "norm"):
+        given = type(stack).__name__ if isinstance(stack, nn.Module) else describe(stack)
+        raise ValueError(f"stack must be one of our stacks (Encoder or Decoder), got {given}")
+    if not callable(layer_to_torch):
+        raise ValueError(f"layer_to_torch must be a function of one layer, got {describe(layer_to_torch)}")
     norm = None
     if stack.norm is not None:
         w = stack.norm.weight
@@ -138,3 +159,4 @@ def encoder_to_torch(encoder: Encoder, enable_nested_tensor: bool = False) -> nn
                          f"got {type(encoder).__name__}")
     return to_torch_stack(encoder, nn.TransformerEncoder, encoder_layer_to_torch,
                           enable_nested_tensor=enable_nested_tensor)
+

@@ -89,7 +89,7 @@ def check_decode_inputs(model, tgt, memory, src_mask, tgt_mask, cache, weight) -
 class Transformer(nn.Module):
     """The encoder-decoder Transformer of Vaswani et al. (2017), Figure 1.
 
-    forward(src (B, S) ids, tgt (B, T) ids, src_mask (B|1, 1, 1, S), tgt_mask (B|1, 1, 1|T, T))
+    forward(src (B, S) ids, tgt (B, T) ids, src_mask (B|1, h|1, 1, S), tgt_mask (B|1, h|1, 1|T, T))
     -> logits (B, T, tgt_vocab_size), no softmax. Masks are bool, True = may attend. src_mask=None masks the
     source's padding (make_src_mask(src): the keys where src == config.pad_id), as in every model of the book;
     tgt_mask=None adds nothing to the causal mask, which the decoder always applies (tgt_mask can only remove
@@ -150,7 +150,7 @@ class Transformer(nn.Module):
         src_mask (B|1, h|1, T|1, S) is required: decode does not see the source's tokens, so it cannot mask their
         padding itself (pass make_src_mask(src), as forward and the decoders of Chapter 8 do).
         cache: decoder.new_cache() for incremental decoding; tgt then holds only the new tokens, and the
-        positional encodings start after the t cached positions (tgt_mask: (B|1, 1, 1|T, t + T))."""
+        positional encodings start after the t cached positions (tgt_mask: (B|1, h|1, 1|T, t + T))."""
         x = self.tgt_embed(tgt, name="tgt")                                 # checks tgt
         past = check_decode_inputs(self, tgt, memory, src_mask, tgt_mask, cache,
                                    self.lm_head.weight)          # the layers inside check nothing

@@ -3,7 +3,8 @@
 Hand-written, not exported from the chapter: a grader's reference and named slips are the answers, and Colab shows
 every cell of a chapter, so their code stays out of the chapters."""
 
-__all__ = ['check_tgt_mask', 'check_parameter_count', 'check_future_mask', 'check_prefix_lm_mask', 'check_two_way_tying']
+__all__ = ['check_tgt_mask', 'check_parameter_count', 'check_future_mask', 'check_first_leak', 'check_prefix_lm_mask',
+           'check_two_way_tying']
 
 import torch
 
@@ -78,14 +79,47 @@ def _call_without_modules(fn, config):
                           f"any of its layers")
 
 
+def _count_slips(c):
+    """The differences (reader's count - true count) that single slips cause on config c, with their names: a
+    slip is named only when it explains the reader's difference on every configuration (two slips can give the
+    same difference on one configuration, as -4*d_model for both 'no final norms' and 'two LayerNorms per decoder
+    layer' when there are two decoder layers)."""
+    d, f, Ne, Nd, Vs, Vt = (c.d_model, c.d_ff, c.num_encoder_layers, c.num_decoder_layers, c.src_vocab_size,
+                            c.tgt_vocab_size)
+    tie, final = c.tie_embeddings, c.final_norm
+    return [
+        (-(4 * d * Ne + 6 * d * Nd), "the LayerNorms inside the layers (2*d_model each, 2 per encoder layer, 3 per "
+                                     "decoder layer)"),
+        (-2 * d * Nd, "the decoder layer's LayerNorms: it has three (after self-attention, cross-attention and the "
+                      "feed-forward network), one more than an encoder layer"),
+        (-(Ne + 2 * Nd) * 4 * d - (Ne + Nd) * (f + d), "the biases of the linear layers"),
+        (-Nd * (4 * d * d + 4 * d + 2 * d), "the decoder's cross-attention (4d^2 + 4d) and its LayerNorm (2d)"),
+        (-Nd * (4 * d * d + 4 * d), "the decoder's cross-attention (4d^2 + 4d per decoder layer)"),
+        ((Ne - Nd) * (4 * d * d + 4 * d + 2 * d), "the layer counts: num_encoder_layers and num_decoder_layers may "
+                                                  "differ and seem to be swapped"),
+        (-4 * d if final else 0, "the two final LayerNorms (final_norm=True: 2*d_model each, one per stack)"),
+        (-2 * d if final else 0, "the final LayerNorms: final_norm=True gives one per stack, two in all"),
+        (0 if final else 4 * d, "final_norm=False: there are no final LayerNorms"),
+        (2 * Vs * d if tie else 0, "tie_embeddings=True: one V x d_model matrix, counted once, not three"),
+        (Vs * d if tie else 0, "tie_embeddings=True: one V x d_model matrix, counted once"),
+        (0 if tie else -(Vs + Vt) * d, "tie_embeddings=False: three matrices, source V_src x d_model, target "
+                                       "V_tgt x d_model and output layer V_tgt x d_model"),
+        (0 if tie else -Vt * d, "tie_embeddings=False: the output layer has its own V_tgt x d_model matrix"),
+        (0 if tie else (Vs - Vt) * d, "the vocabularies: source uses src_vocab_size, target and output layer "
+                                      "tgt_vocab_size"),
+    ]
+
+
 def check_parameter_count(fn, trials: int = 16) -> None:
     """Test fn(config) -> int against the parameters of Transformer(config), on random configurations (tied
     and untied, with and without final norms, different stack depths); building any nn.Module during the call
-    (Transformer(config) itself, or a layer) is refused. Raises AssertionError naming the gap."""
+    (Transformer(config) itself, or a layer) is refused. Raises AssertionError naming the gap: a slip is named
+    when it explains the difference on every configuration."""
     gen = torch.Generator().manual_seed(0)
 
     def rand(lo, hi):
         return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+    results = []                                                  # (config, expected, got) of every trial
     for trial in range(trials):
         tie = trial % 2 == 0
         V_src = rand(10, 99)
@@ -100,34 +134,16 @@ def check_parameter_count(fn, trials: int = 16) -> None:
             got = got.item()
         if not isinstance(got, int) or isinstance(got, bool):
             raise AssertionError(f"expected an int, got {type(got).__name__} {got!r}")
-        if got == expected:
-            continue
-        d, f, Ne, Nd, diff = c.d_model, c.d_ff, c.num_encoder_layers, c.num_decoder_layers, got - expected
-        hints = {
-            -(4 * d * Ne + 6 * d * Nd): "the LayerNorms inside the layers (2*d_model each, 2 per encoder "
-                                        "layer, 3 per decoder layer)",
-            -(Ne + 2 * Nd) * 4 * d - (Ne + Nd) * (f + d): "the biases of the linear layers",
-            -Nd * (4 * d * d + 4 * d + 2 * d): "the decoder's cross-attention (4d^2 + 4d) and its LayerNorm (2d)",
-            (Ne - Nd) * (4 * d * d + 4 * d + 2 * d): "the layer counts: num_encoder_layers and "
-                                                     "num_decoder_layers may differ and seem to be swapped",
-        }
-        if c.final_norm:
-            hints[-4 * d] = "the two final LayerNorms (final_norm=True: 2*d_model each, one per stack)"
-        else:
-            hints[4 * d] = "final_norm=False: there are no final LayerNorms"
-        if c.tie_embeddings:
-            hints[2 * V_src * d] = "tie_embeddings=True: one V x d_model matrix, counted once, not three"
-            hints[V_src * d] = "tie_embeddings=True: one V x d_model matrix, counted once"
-        else:
-            hints[-(V_src + V_tgt) * d] = ("tie_embeddings=False: three matrices, source V_src x d_model, "
-                                           "target V_tgt x d_model and output layer V_tgt x d_model")
-            hints[-V_tgt * d] = "tie_embeddings=False: the output layer has its own V_tgt x d_model matrix"
-            hints[(V_src - V_tgt) * d] = "the vocabularies: source uses src_vocab_size, target and " \
-                                         "output layer tgt_vocab_size"
-        hint = hints.get(diff, "")
-        raise AssertionError(f"{c}: expected {expected:,}, got {got:,} (difference {diff:+,})"
-                             + (f"; check {hint}" if hint else ""))
+        results.append((c, expected, got))
+    wrong = [(c, expected, got) for c, expected, got in results if got != expected]
+    if wrong:
+        names = [name for k, (_, name) in enumerate(_count_slips(results[0][0]))
+                 if all(_count_slips(c)[k][0] == got - expected for c, expected, got in results)]
+        c, expected, got = wrong[0]
+        raise AssertionError(f"{c}: expected {expected:,}, got {got:,} (difference {got - expected:+,}; wrong on "
+                             f"{len(wrong)} of {trials} configurations)" + (f"; check {names[0]}" if names else ""))
     print(f"check_parameter_count: exact on {trials} random configurations")
+
 
 def check_future_mask(fn) -> None:
     """Test fn(T) -> bool mask (1, 1, T, T) or (T, T), True = may attend, for a decoder's self-attention: query
@@ -168,6 +184,91 @@ def check_future_mask(fn) -> None:
         raise AssertionError(f"T={T}: position {i} cannot see the earlier position {j}: every key j <= i must "
                              f"be True")
     print("check_future_mask: correct for T = 1 to 8: each position sees itself and its past, never its future")
+
+
+def _leaky_layers(T: int = 7, d_model: int = 16):
+    """(name, layer, leaks) cases for check_first_leak: layer maps y (B, T, d_model) to (B, T, d_model) through one
+    float64 MultiHeadAttention; leaks is the set of (t, i), i < t, whose input t reaches output i."""
+    from ..multi_head import MultiHeadAttention
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(7)
+        attn = MultiHeadAttention(d_model, 4, dropout=0.0).double().eval()
+
+    def through(mask, tiny=None):
+        def layer(y):
+            y = y.to(torch.float64)
+            out = attn(y, y, y, mask[None, None])[0]
+            if tiny is not None:                                # a leak outside the attention weights, 1e-9 small
+                t, i = tiny
+                out = out.clone()
+                out[:, i] = out[:, i] + 1e-9 * y[:, t]
+            return out
+        return layer
+
+    causal = causal_mask(T)
+
+    def plus(*pairs):
+        mask = causal.clone()
+        for t, i in pairs:
+            mask[i, t] = True                                   # query i may attend to the later key t
+        return mask
+    ahead = ~torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=2)
+    return [("a causal layer", through(causal), set()),
+            ("a mask built with diagonal=2", through(ahead), {(i + 1, i) for i in range(T - 1)}),
+            ("a layer in which position 3 sees position 5", through(plus((5, 3))), {(5, 3)}),
+            ("a layer in which positions 1 and 4 see position 5, and 2 sees 6", through(plus((5, 4), (5, 1), (6, 2))),
+             {(5, 4), (5, 1), (6, 2)}),
+            ("a causal attention plus a 1e-9 leak from input 4 to output 2", through(causal, tiny=(4, 2)), {(4, 2)})]
+
+
+def check_first_leak(fn) -> None:
+    """Test the reader's causality probe fn(layer, T, d_model) -> None or (t, i): run layer (a callable from
+    (B, T, d_model) to (B, T, d_model)), change one input position t at a time, and report the first leak, the
+    smallest t whose change moves an output at an earlier position i < t (and for that t the smallest such i), or
+    None for a causal layer. The grader hands layers the reader has not seen (masks with leaks, and a leak of
+    1e-9 outside the attention). Raises AssertionError naming the probe's mistake; prints a verdict."""
+    T, d_model = 7, 16
+    for name, layer, leaks in _leaky_layers(T, d_model):
+        want = min(leaks) if leaks else None
+        got = call_reader(fn, "first_leak(layer, T, d_model)", layer, T, d_model)
+        if got is not None:
+            try:
+                t, i = (int(v) for v in got)
+            except (TypeError, ValueError) as err:
+                raise AssertionError(f"on {name}: first_leak must return None or a pair (t, i) of ints, got "
+                                     f"{describe(got)}") from err
+            got = (t, i)
+        if got == want:
+            continue
+        if got is None:
+            if name.endswith("1e-9 leak from input 4 to output 2"):
+                raise AssertionError(f"on {name}: your probe found no leak, but output 2 moves by about 1e-9 when "
+                                     "input 4 changes: compare with a tolerance near float64's round-off (1e-12), "
+                                     "not torch.allclose's defaults, which call a 1e-9 change equal")
+            raise AssertionError(f"on {name}: your probe found no leak, but there is one ({want}); change each "
+                                 "input position t in turn and compare every output at a position i < t")
+        t, i = got
+        if t == i:
+            raise AssertionError(f"on {name}: you report ({t}, {i}): changing input {t} may move output {t} itself, "
+                                 "that is allowed; a leak is an output at an EARLIER position i < t")
+        if t < i:
+            if want is not None and (i, t) == want:
+                raise AssertionError(f"on {name}: you return ({t}, {i}); the pair is (t, i), the changed input first "
+                                     "and the earlier output that moved second: swapped")
+            raise AssertionError(f"on {name}: you report ({t}, {i}): an output at a later position moving when an "
+                                 "earlier input changes is what attention should do; a leak is i < t")
+        if want is None:
+            raise AssertionError(f"on {name}: you report a leak ({t}, {i}) in a causal layer: input {t} does not "
+                                 f"reach output {i}; compare the outputs before and after the change at positions "
+                                 "i < t only")
+        if (t, i) in leaks:
+            raise AssertionError(f"on {name}: ({t}, {i}) is a leak, but not the first: return the smallest t, and "
+                                 "for that t the smallest i")
+        raise AssertionError(f"on {name}: you report ({t}, {i}), but input {t} does not reach output {i}; change one "
+                             "input position at a time (changing every position after t together, as the chapter's "
+                             "check does, tells that something leaks, not from where)")
+    print(f"check_first_leak: your probe finds the first leak in each of {len(_leaky_layers(T, d_model))} layers it "
+          "had not seen (a causal one among them), including a leak of 1e-9")
 
 
 # --- exercise 1: a prefix LM's mask; exercise 3: two-way tying

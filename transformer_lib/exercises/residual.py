@@ -252,8 +252,8 @@ def check_residual_scale(std_after_32) -> None:
     for value, message, tolerance in answers:
         if abs(log2 - value) <= tolerance:
             raise AssertionError(message)
-    raise AssertionError(f"you gave {got:.3g} = 2^{log2:.1f}, {'more' if got > measured else 'less'} than a factor 2 "
-                         "away from the std the grader measures; with He initialisation each block adds a term with "
+    raise AssertionError(f"you gave {got:.3g} = 2^{log2:.1f}, more than a factor 2 "
+                         f"{'above' if got > measured else 'below'} the std the grader measures; with He initialisation each block adds a term with "
                          "the variance of the stream: how does the variance grow over 32 blocks?")
 
 
