@@ -293,7 +293,7 @@ def _solution_cells(nb):
 def test_solutions_are_folded_in_the_book_and_in_colab(path):
     """Issue 51: no answer on the page. A solution's prose is a <details> block (folded in the HTML, in Jupyter and
     in Colab); a solution's code cell is hide-cell, which folds its output too (hide-input left the output, which
-    states some answers, on the page)."""
+    states some answers, on the page), and a Colab form, which folds its code in Colab."""
     for cell, kind in _solution_cells(nbformat.read(path, as_version=4)):
         if kind == "prose":
             assert cell.source.lstrip().startswith("<details>") and cell.source.rstrip().endswith("</details>"), \
@@ -302,3 +302,7 @@ def test_solutions_are_folded_in_the_book_and_in_colab(path):
             tags = cell.metadata.get("tags", [])
             assert "hide-cell" in tags or "remove-cell" in tags, \
                 f"{cell.get('id')}: a solution's code cell is tagged hide-cell (it has {tags}): {cell.source[:80]!r}"
+            # Colab ignores the book's tags; it folds a code cell shown as a form with a title (its code hidden)
+            assert cell.metadata.get("cellView") == "form" and cell.source.startswith("#@title Solution"), \
+                f"{cell.get('id')}: a solution's code cell is a Colab form too (metadata cellView 'form', first line " \
+                f"'#@title Solution to exercise N ...'): {cell.source[:80]!r}"
