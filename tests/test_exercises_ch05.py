@@ -10,6 +10,7 @@ from helpers import grader_row
 from transformer_lib.exercises.residual import (
     check_fold_layer_norm,
     check_he_init,
+    check_identity_probe,
     check_layer_norm_backward,
     check_residual_scale,
     check_rms_norm,
@@ -286,6 +287,18 @@ class NoNormAttribute(nn.Module):
         return self.layer_norm(x + sublayer(x))
 
 
+def identity_probe(d_model=8, dtype=torch.float64, compare=torch.equal, norm_first=True, zeros=True):
+    """keeps_identity(wrapper_cls): the pre-norm wrapper with a sublayer of zeros returns x itself."""
+    def keeps_identity(wrapper_cls):
+        torch.manual_seed(0)
+        wrapper = wrapper_cls(d_model, 0.0, norm_first=norm_first).to(dtype).eval()
+        x = 3 * torch.randn(2, 5, d_model, dtype=dtype) + 1
+        with torch.no_grad():
+            out = wrapper(x, torch.zeros_like if zeros else (lambda y: y))
+        return compare(out, x)
+    return keeps_identity
+
+
 GRADERS = [
     grader_row(check_rms_norm, correct=[rms_norm, rms_norm32, lambda x, gamma, eps: nn.functional.rms_norm(x, (x.size(-1),), gamma, eps)], mistakes=[
         (subtracted_the_mean, "subtracted the mean"),
@@ -348,4 +361,12 @@ GRADERS = [
         (sublayer_class("swapped"), "the two forms are swapped"),
         (NoNormAttribute, "self.norm"),
     ], prints="both forms equal SublayerConnection"),
+    grader_row(check_identity_probe, correct=[identity_probe(), identity_probe(dtype=torch.float32),
+                                              identity_probe(compare=lambda a, b: bool(((a - b).abs() < 1e-6).all())),
+                                              lambda cls: torch.tensor(identity_probe()(cls))], mistakes=[
+        (identity_probe(norm_first=False), "the library's SublayerConnection loses the identity path.*norm_first=True"),
+        (identity_probe(compare=lambda a, b: torch.allclose(a, b, rtol=1e-2)), "scaled by 0.999.*tolerance"),
+        (identity_probe(zeros=False), "loses the identity path"),
+        (lambda cls: "yes", "must return True or False"),
+    ], prints="check_identity_probe: your probe tells"),
 ]

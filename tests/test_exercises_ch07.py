@@ -40,30 +40,44 @@ def two_dimensional(tgt, pad_id):                          # (B, T): not the ran
 
 # --- exercise 2: the parameter count
 
-def my_parameter_count(c):
-    d, f = c.d_model, c.d_ff
+def my_parameter_count(c, biases=True):
+    d, f, Ne, Nd = c.d_model, c.d_ff, c.num_encoder_layers, c.num_decoder_layers
     attention, ffn, norm = 4 * d * d + 4 * d, 2 * d * f + f + d, 2 * d
     embeddings = c.src_vocab_size * d if c.tie_embeddings else (c.src_vocab_size + 2 * c.tgt_vocab_size) * d
-    encoder = c.num_encoder_layers * (attention + ffn + 2 * norm)
-    decoder = c.num_decoder_layers * (2 * attention + ffn + 3 * norm)
-    return embeddings + encoder + decoder + (2 * norm if c.final_norm else 0)
+    encoder = Ne * (attention + ffn + 2 * norm)
+    decoder = Nd * (2 * attention + ffn + 3 * norm)
+    total = embeddings + encoder + decoder + (2 * norm if c.final_norm else 0)
+    if biases:
+        return total
+    norms = 2 * Ne + 3 * Nd + (2 if c.final_norm else 0)
+    return total - (Ne + 2 * Nd) * 4 * d - (Ne + Nd) * (f + d) - norms * d
 
 
-def forgot_final_norms(c):
-    return my_parameter_count(c) - (4 * c.d_model if c.final_norm else 0)
+def slip(delta):                                           # a reader's count off by delta(c) with biases
+    return lambda c, biases=True: my_parameter_count(c, biases) + (delta(c) if biases else 0)
 
 
-def forgot_biases(c):
-    d, Ne, Nd = c.d_model, c.num_encoder_layers, c.num_decoder_layers
-    return my_parameter_count(c) - (Ne + 2 * Nd) * 4 * d - (Ne + Nd) * (c.d_ff + d)
+def bias_slip(delta):                                      # ... off by delta(c) without biases
+    return lambda c, biases=True: my_parameter_count(c, biases) + (0 if biases else delta(c))
 
 
-def built_and_counted(c):                                 # the shortcut the exercise forbids
+def _norms(c):
+    return 2 * c.num_encoder_layers + 3 * c.num_decoder_layers + (2 if c.final_norm else 0)
+
+
+forgot_final_norms = slip(lambda c: -(4 * c.d_model if c.final_norm else 0))
+forgot_biases = slip(lambda c: -(c.num_encoder_layers + 2 * c.num_decoder_layers) * 4 * c.d_model
+                     - (c.num_encoder_layers + c.num_decoder_layers) * (c.d_ff + c.d_model))
+kept_norm_biases = bias_slip(lambda c: _norms(c) * c.d_model)          # removed only the linear layers' biases
+dropped_norm_gains = bias_slip(lambda c: -_norms(c) * c.d_model)        # removed the LayerNorms whole
+
+
+def built_and_counted(c, biases=True):                    # the shortcut the exercise forbids
     with torch.device("meta"):
         return sum(p.numel() for p in Transformer(c).parameters())
 
 
-def built_quietly(c):                                      # the refusal caught: refused all the same
+def built_quietly(c, biases=True):                         # the refusal caught: refused all the same
     try:
         return built_and_counted(c)
     except Exception:
@@ -76,21 +90,11 @@ def test_a_refused_build_leaves_nn_module_working():
     assert sum(p.numel() for p in torch.nn.Linear(3, 2).parameters()) == 8
 
 
-def forgot_cross_attention(c):
-    d = c.d_model
-    return my_parameter_count(c) - c.num_decoder_layers * (4 * d * d + 4 * d + 2 * d)
-
-
-def two_norms_per_decoder_layer(c):                        # the encoder's two LayerNorms, not three
-    return my_parameter_count(c) - c.num_decoder_layers * 2 * c.d_model
-
-
-def one_final_norm(c):
-    return my_parameter_count(c) - (2 * c.d_model if c.final_norm else 0)
-
-
-def two_slips(c):                                          # no final norms and no cross-attention: unnamed
-    return forgot_final_norms(c) + forgot_cross_attention(c) - my_parameter_count(c)
+forgot_cross_attention = slip(lambda c: -c.num_decoder_layers * (4 * c.d_model ** 2 + 6 * c.d_model))
+two_norms_per_decoder_layer = slip(lambda c: -c.num_decoder_layers * 2 * c.d_model)   # the encoder's two, not three
+one_final_norm = slip(lambda c: -(2 * c.d_model if c.final_norm else 0))
+two_slips = slip(lambda c: -(4 * c.d_model if c.final_norm else 0)                    # no final norms and no
+                 - c.num_decoder_layers * (4 * c.d_model ** 2 + 6 * c.d_model))       # cross-attention: unnamed
 
 
 # --- exercise 1: a prefix LM's mask
@@ -264,6 +268,10 @@ def loose(layer, T, d_model):                              # torch.allclose's to
     return probe(layer, T, d_model, moved=lambda a, b: ~torch.isclose(a, b).all(0).all(-1))
 
 
+def float32_sized(layer, T, d_model):                      # float32 inputs, a float32-sized tolerance
+    return probe(layer, T, d_model, dtype=torch.float32, moved=lambda a, b: ((a - b).abs() > 1e-6).any(0).any(-1))
+
+
 def all_after(layer, T, d_model):                          # the chapter's check: every position after t at once
     return probe(layer, T, d_model, together=True)
 
@@ -302,10 +310,14 @@ GRADERS = [
         (two_norms_per_decoder_layer, r"check the decoder layer's LayerNorms: it has three"),
         (one_final_norm, "one per stack, two in all"),
         (two_slips, r"wrong on \d+ of 16 configurations\)$"),
-        (lambda c: float(my_parameter_count(c)), "expected an int"),
+        (kept_norm_biases, "biases=False, .*check the LayerNorms' biases"),
+        (dropped_norm_gains, "biases=False, .*check the LayerNorms' gains"),
+        (lambda c: my_parameter_count(c), "must take a second argument, biases=True"),
+        (lambda c, biases=True: float(my_parameter_count(c, biases)), "expected an int"),
         (built_and_counted, "builds a Transformer.*without building the model"),
-        (lambda c: my_parameter_count(c) + 0 * torch.nn.Linear(1, 1).weight.numel(), "builds a Linear"),
-    ], prints='check_parameter_count: exact'),
+        (lambda c, biases=True: my_parameter_count(c, biases) + 0 * torch.nn.Linear(1, 1).weight.numel(),
+         "builds a Linear"),
+    ], prints='check_parameter_count: exact on 16 random configurations, with and without biases'),
     grader_row(check_prefix_lm_mask, correct=[prefix_lm_mask, lambda *a: prefix_lm_mask(*a).clone()], mistakes=[
         (prefix_causal_only, "causal in the prefix too"),
         (prefix_no_causal, "see their future"),
@@ -340,6 +352,7 @@ GRADERS = [
     ], prints='check_future_mask: correct'),
     grader_row(check_first_leak, correct=[first_leak, first_leak32], mistakes=[
         (loose, "found no leak, but output 2 moves by about 1e-9.*tolerance"),
+        (float32_sized, "found no leak, but output 2 moves by about 1e-9.*float64 inputs.*float32's round-off"),
         (all_after, r"you report \(4, 3\), but input 4 does not reach output 3; change one input position at a time"),
         (includes_t, r"you report \(0, 0\).*EARLIER position"),
         (swapped, "swapped"),

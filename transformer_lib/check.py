@@ -108,6 +108,7 @@ COMPONENTS = {
     "LayerNorm": ((), "residual:check_layer_norm", "chapter 5, section 5.2", _layer_norm_from_class),
     "layer_norm_backward": ((), "residual:check_layer_norm_backward", "chapter 5, exercise 1", None),
     "fold_layer_norm": ((), "residual:check_fold_layer_norm", "chapter 5, exercise 2", None),
+    "keeps_identity": ((), "residual:check_identity_probe", "chapter 5, exercise 4", None),
     "rms_norm": ((), "residual:check_rms_norm", "chapter 12, section 12.1", None),
     "RMSNorm": ((), "residual:check_rms_norm", "chapter 12, section 12.1", _rms_norm_from_class),
     "encoder_layer": ((), "encoder:check_encoder_layer", "chapter 6, the layer", None),

@@ -57,7 +57,7 @@ def check_tgt_mask(fn, trials: int = 30) -> None:
                              f"at or before it")
     print(f"check_tgt_mask: correct on {trials} random batches (right and left padding)")
 
-def _call_without_modules(fn, config):
+def _call_without_modules(fn, config, **kwargs):
     """fn(config), refusing to build any nn.Module during the call (Transformer(config), or any layer of it, would
     count the parameters for the reader): nn.Module.__init__ is replaced for the call only."""
     built, original = [], torch.nn.Module.__init__
@@ -67,7 +67,7 @@ def _call_without_modules(fn, config):
         raise Verdict(f"you built a {type(self).__name__}")
     torch.nn.Module.__init__ = refuse
     try:
-        return fn(config)
+        return fn(config, **kwargs)
     except Verdict:
         if not built:
             raise
@@ -110,16 +110,50 @@ def _count_slips(c):
     ]
 
 
+def _bias_free_slips(c):
+    """The differences (reader's count - true count) that single slips cause on config c for biases=False (every
+    bias removed, linear layers and LayerNorms alike), with their names."""
+    d, Ne, Nd = c.d_model, c.num_encoder_layers, c.num_decoder_layers
+    norms = 2 * Ne + 3 * Nd + (2 if c.final_norm else 0)          # LayerNorms in the model
+    return [
+        (norms * d, "the LayerNorms' biases: with biases=False a LayerNorm keeps its gain (d_model) and loses its "
+                    "bias (d_model)"),
+        (-norms * d, "the LayerNorms' gains: with biases=False only the biases go; each LayerNorm keeps its gain, "
+                     "d_model parameters"),
+        ((Ne + 2 * Nd) * 4 * d, "the attention projections' biases (4 d_model per attention: W_q, W_k, W_v, W_o)"),
+        ((Ne + Nd) * (c.d_ff + d), "the feed-forward network's biases (d_ff + d_model per layer)"),
+    ]
+
+
+def _as_int(got):
+    if isinstance(got, torch.Tensor) and got.numel() == 1:
+        got = got.item()
+    if not isinstance(got, int) or isinstance(got, bool):
+        raise AssertionError(f"expected an int, got {type(got).__name__} {got!r}")
+    return got
+
+
+def _name_gap(results, slips, trials, what):
+    wrong = [(c, expected, got) for c, expected, got in results if got != expected]
+    if wrong:
+        names = [name for k, (_, name) in enumerate(slips(results[0][0]))
+                 if all(slips(c)[k][0] == got - expected for c, expected, got in results)]
+        c, expected, got = wrong[0]
+        raise AssertionError(f"{what}{c}: expected {expected:,}, got {got:,} (difference {got - expected:+,}; wrong "
+                             f"on {len(wrong)} of {trials} configurations)" + (f"; check {names[0]}" if names else ""))
+
+
 def check_parameter_count(fn, trials: int = 16) -> None:
-    """Test fn(config) -> int against the parameters of Transformer(config), on random configurations (tied
-    and untied, with and without final norms, different stack depths); building any nn.Module during the call
-    (Transformer(config) itself, or a layer) is refused. Raises AssertionError naming the gap: a slip is named
-    when it explains the difference on every configuration."""
+    """Test fn(config, biases=True) -> int against the parameters of Transformer(config), on random configurations
+    (tied and untied, with and without final norms, different stack depths), and fn(config, biases=False) against
+    the same model with every bias removed (linear layers and LayerNorms; a variant the chapter does not count);
+    building any nn.Module during the call (Transformer(config) itself, or a layer) is refused. Raises
+    AssertionError naming the gap: a slip is named when it explains the difference on every configuration."""
     gen = torch.Generator().manual_seed(0)
 
     def rand(lo, hi):
         return int(torch.randint(lo, hi + 1, (1,), generator=gen))
-    results = []                                                  # (config, expected, got) of every trial
+    results, bias_free = [], []                                   # (config, expected, got) of every trial
     for trial in range(trials):
         tie = trial % 2 == 0
         V_src = rand(10, 99)
@@ -128,21 +162,21 @@ def check_parameter_count(fn, trials: int = 16) -> None:
                               num_encoder_layers=rand(1, 3), num_decoder_layers=rand(1, 3),
                               tie_embeddings=tie, final_norm=trial % 4 < 2)
         with torch.device("meta"):
-            expected = sum(p.numel() for p in Transformer(c).parameters())
-        got = _call_without_modules(fn, c)
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = got.item()
-        if not isinstance(got, int) or isinstance(got, bool):
-            raise AssertionError(f"expected an int, got {type(got).__name__} {got!r}")
-        results.append((c, expected, got))
-    wrong = [(c, expected, got) for c, expected, got in results if got != expected]
-    if wrong:
-        names = [name for k, (_, name) in enumerate(_count_slips(results[0][0]))
-                 if all(_count_slips(c)[k][0] == got - expected for c, expected, got in results)]
-        c, expected, got = wrong[0]
-        raise AssertionError(f"{c}: expected {expected:,}, got {got:,} (difference {got - expected:+,}; wrong on "
-                             f"{len(wrong)} of {trials} configurations)" + (f"; check {names[0]}" if names else ""))
-    print(f"check_parameter_count: exact on {trials} random configurations")
+            named = list(Transformer(c).named_parameters())
+        expected = sum(p.numel() for _, p in named)
+        results.append((c, expected, _as_int(_call_without_modules(fn, c))))
+        try:
+            got = _call_without_modules(fn, c, biases=False)
+        except TypeError as err:
+            if "biases" not in str(err):
+                raise
+            raise AssertionError("my_parameter_count must take a second argument, biases=True: called as "
+                                 "my_parameter_count(config, biases=False) it returns the count of the model with "
+                                 f"every bias removed ({err})") from err
+        bias_free.append((c, sum(p.numel() for n, p in named if not n.endswith(".bias")), _as_int(got)))
+    _name_gap(results, _count_slips, trials, "")
+    _name_gap(bias_free, _bias_free_slips, trials, "biases=False, ")
+    print(f"check_parameter_count: exact on {trials} random configurations, with and without biases")
 
 
 def check_future_mask(fn) -> None:
@@ -243,8 +277,9 @@ def check_first_leak(fn) -> None:
         if got is None:
             if name.endswith("1e-9 leak from input 4 to output 2"):
                 raise AssertionError(f"on {name}: your probe found no leak, but output 2 moves by about 1e-9 when "
-                                     "input 4 changes: compare with a tolerance near float64's round-off (1e-12), "
-                                     "not torch.allclose's defaults, which call a 1e-9 change equal")
+                                     "input 4 changes: run the layer on float64 inputs and compare with a tolerance near "
+                                     "float64's round-off (1e-12); a tolerance above 1e-9 (torch.allclose's "
+                                     "defaults, or float32's round-off) calls this leak equal")
             raise AssertionError(f"on {name}: your probe found no leak, but there is one ({want}); change each "
                                  "input position t in turn and compare every output at a position i < t")
         t, i = got

@@ -12,6 +12,7 @@ import torch
 
 from ..feed_forward import PositionwiseFeedForward
 from ..residual import LayerNorm, SublayerConnection
+from ..validation import describe
 from .grading import Verdict, call_reader, close_to, grade
 
 
@@ -563,3 +564,75 @@ def check_sublayer_connection(cls, seed: int = 0) -> None:
             raise AssertionError(f"{form}, {mode}: your output differs from SublayerConnection's by up to "
                                  f"{error:.2g}")
     print("check_sublayer_connection: both forms equal SublayerConnection, in eval mode and with dropout in training")
+
+
+# --- exercise 4: a probe of the identity path (the bug hunt's finding, graded on wrappers the reader has not seen)
+class _Wrapper(torch.nn.Module):
+    """A residual wrapper cls(d_model, dropout, norm_first) whose forward(x, sublayer) is rule(self, x, sublayer)."""
+
+    rule = None
+
+    def __init__(self, d_model, dropout=0.1, norm_first=False):
+        super().__init__()
+        self.norm = LayerNorm(d_model)
+        self.norm2 = LayerNorm(d_model)
+        self.dropout = torch.nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x, sublayer):
+        if not self.norm_first:
+            return self.norm(x + self.dropout(sublayer(x)))
+        return type(self).rule(self, x, sublayer)
+
+
+def _wrappers():
+    """(name, class, keeps the identity path in pre-norm form)."""
+    def make(name, rule):
+        return type(name, (_Wrapper,), {"rule": rule})
+    return [
+        ("the library's SublayerConnection", SublayerConnection, True),
+        ("a wrapper that normalises the stream it adds back",
+         make("Renormalised", lambda m, x, f: (lambda y: y + m.dropout(f(y)))(m.norm(x))), False),
+        ("a wrapper with a second LayerNorm on the branch's output (a 'sandwich' norm)",
+         make("Sandwich", lambda m, x, f: x + m.dropout(m.norm2(f(m.norm(x))))), True),
+        ("a wrapper that normalises the sum in both forms",
+         make("AlwaysPostNorm", lambda m, x, f: m.norm(x + m.dropout(f(x)))), False),
+        ("a wrapper whose identity path is scaled by 0.999",
+         make("Scaled", lambda m, x, f: 0.999 * x + m.dropout(f(m.norm(x)))), False),
+        ("a wrapper with no residual path", make("NoResidual", lambda m, x, f: m.dropout(f(m.norm(x)))), False),
+    ]
+
+
+def check_identity_probe(fn) -> None:
+    """Test the reader's probe fn(wrapper_cls) -> bool: True when the pre-norm form of the residual wrapper
+    wrapper_cls(d_model, dropout, norm_first=True) leaves the identity path of section 5.1 untouched (with a
+    sublayer that outputs zeros, forward(x, sublayer) returns x itself), False otherwise. The grader hands wrappers
+    the reader has not seen (the library's, a correct variant, and four that change the identity path). Raises
+    AssertionError naming the probe's mistake; prints a verdict."""
+    for name, cls, keeps in _wrappers():
+        got = call_reader(fn, "keeps_identity(wrapper_cls)", cls)
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
+            got = got.item()
+        if type(got).__name__ not in ("bool", "bool_"):
+            raise AssertionError(f"keeps_identity must return True or False, got {describe(got)}")
+        got = bool(got)
+        if got == keeps:
+            continue
+        if cls is SublayerConnection:
+            raise AssertionError("your probe says the library's SublayerConnection loses the identity path, but its "
+                                 "pre-norm form returns x itself when the sublayer outputs zeros: build the wrapper "
+                                 "with norm_first=True (the post-norm form normalises the sum, x included), and "
+                                 "compare its output with x")
+        if keeps:
+            raise AssertionError(f"on {name}: your probe says it loses the identity path, but with a sublayer that "
+                                 "outputs zeros it returns x itself; feed it such a sublayer (torch.zeros_like) and "
+                                 "compare its output with x")
+        if "scaled" in name:
+            raise AssertionError(f"on {name}: your probe says it keeps the identity path; its output is 0.999 x, "
+                                 "which a loose comparison calls equal: compare with a tolerance near round-off "
+                                 "(1e-6 in float32, or torch.equal)")
+        raise AssertionError(f"on {name}: your probe says it keeps the identity path, but with a sublayer that "
+                             "outputs zeros its pre-norm form does not return x; compare the output with x itself "
+                             "(not with LayerNorm(x)), with norm_first=True")
+    print(f"check_identity_probe: your probe tells which of {len(_wrappers())} wrappers it had not seen keep the "
+          "identity path in pre-norm form")
