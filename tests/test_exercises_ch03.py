@@ -130,6 +130,20 @@ def rotate32(x, positions):                                       # pairwise, wi
     return torch.stack([a * angle.cos() + b * angle.sin(), b * angle.cos() - a * angle.sin()], -1).flatten(-2)
 
 
+def rotate_hf(x, positions):                                      # Hugging Face / LLaMA style: float32 angles,
+    d = x.size(-1)                                                # promoted to a float64 x (review 50b, B3-2)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    angle = positions[:, None] * inv_freq
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack([a * angle.cos() + b * angle.sin(), b * angle.cos() - a * angle.sin()], -1).flatten(-2)
+
+
+def rotate_angle_off(x, positions):                               # every angle 1e-6 too large: 1e-3 rad at p = 1000
+    angle = positions[:, None].double() * _omega(x.size(-1), 10000.0) * (1 + 1e-6)
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack([a * angle.cos() + b * angle.sin(), b * angle.cos() - a * angle.sin()], -1).flatten(-2)
+
+
 def rotate_2d_only(x, positions):                                 # right on (n, d), flattens a batch wrongly
     return rotate(x.reshape(-1, x.size(-2), x.size(-1))[0], positions) if x.dim() > 2 else rotate(x, positions)
 
@@ -317,7 +331,8 @@ GRADERS = [
         (WithProjection, "no extra layer"),
         (RowZeroEverywhere, "every position gets row 0"),
     ]),
-    grader_row(check_rotary, correct=[rotate64, rotate32, rotate_cached], mistakes=[
+    grader_row(check_rotary, correct=[rotate64, rotate32, rotate_cached, rotate_hf], mistakes=[
+        (rotate_angle_off, r"expected -?\d\.\d{8}.*slightly off"),
         (rotate, r"shape \(5, 768, 768\)|shape \(768, 768\)"),          # the chapter's offset_matrix, stacked
         (rotate_one_matrix, r"a d_model x d_model matrix"),
         (rotate_backwards, "rotate by -p"),
