@@ -185,6 +185,79 @@ def check_learned_positions(cls) -> None:
           f"position max_len = {max_len} raises, as it should")
 
 
+def _stretched(table, new_len, scale=None, how="linear"):
+    """The reference (how="linear"): row q of the result is table read at the real position
+    q (max_len - 1) / (new_len - 1), linearly interpolated between its two neighbouring rows; with a reader's
+    slip: scale max_len / new_len, how="nearest" or "floor" (no interpolation), how="swapped" (the two weights of
+    the interpolation exchanged)."""
+    table = table.detach().to("cpu", torch.float64)
+    max_len = table.size(0)
+    scale = (max_len - 1) / (new_len - 1) if scale is None else scale
+    t = torch.arange(new_len, dtype=torch.float64) * scale
+    if how == "nearest":
+        return table[t.round().long().clamp(max=max_len - 1)]
+    low = t.floor().long().clamp(max=max_len - 1)
+    if how == "floor":
+        return table[low]
+    high = (low + 1).clamp(max=max_len - 1)
+    frac = (t - low)[:, None]
+    if how == "swapped":
+        frac = 1 - frac
+    return (1 - frac) * table[low] + frac * table[high]
+
+
+def check_stretch_table(fn) -> None:
+    """Test a reader's fn(table, new_len) -> (new_len, d_model): a learned (max_len, d_model) table of positions
+    stretched to new_len rows by linear interpolation, row q being the table at the real position
+    q (max_len - 1) / (new_len - 1) (the first and last rows kept), on tables in float64 and float32 and for
+    longer and shorter new lengths. Names the usual slips: the scale max_len / new_len, the nearest or the lower
+    row instead of interpolating, the two weights exchanged, the old rows kept with new rows appended, the table
+    changed in place."""
+    g = torch.Generator().manual_seed(0)
+    cases = {}
+    for max_len, d_model, new_len, dtype in ((12, 8, 30, torch.float64), (100, 16, 257, torch.float32),
+                                             (7, 4, 13, torch.float64), (20, 6, 9, torch.float64)):
+        cases[f"table ({max_len}, {d_model}) {str(dtype)[6:]} stretched to new_len = {new_len}"] = (
+            torch.randn(max_len, d_model, generator=g, dtype=dtype), new_len)
+
+    def appended(table, new_len):
+        if new_len <= len(table):
+            return None
+        return torch.cat([table.double(), table[-1:].double().expand(new_len - len(table), -1)])
+
+    mistakes = {
+        "the last new row must read the last old row: position q maps to q (max_len - 1) / (new_len - 1); you "
+        "scaled by max_len / new_len, which leaves the last rows short of the table's end":
+            lambda table, new_len: _stretched(table, new_len, scale=len(table) / new_len),
+        "you take the nearest old row: interpolate linearly between the two rows around the real position":
+            lambda table, new_len: _stretched(table, new_len, how="nearest"),
+        "you take the row below the real position (floor): interpolate linearly between the two rows around it":
+            lambda table, new_len: _stretched(table, new_len, how="floor"),
+        "the two interpolation weights are exchanged: at real position t between rows i and i + 1, row i gets "
+        "weight (i + 1) - t and row i + 1 gets t - i":
+            lambda table, new_len: _stretched(table, new_len, how="swapped"),
+        "you kept the old rows and appended copies of the last one: stretching spreads the old rows over the new "
+        "length, every new row an interpolation":
+            appended,
+        "you map cell centres (F.interpolate with align_corners=False): the first and last new rows must equal the "
+        "first and last old rows, so use align_corners=True, or read row q at q (max_len - 1) / (new_len - 1)":
+            lambda table, new_len: torch.nn.functional.interpolate(
+                table.detach().double().T[None], size=new_len, mode="linear", align_corners=False)[0].T}
+
+    def answer(table, new_len):                # float32 interpolation weights on a float64 table: float32-accurate
+        got = torch.as_tensor(fn(table, new_len))
+        want = _stretched(table, new_len)
+        if (got.dtype == torch.float64 and tuple(got.shape) == tuple(want.shape) and not close_to(got, want)
+                and close_to(got.float(), want)):
+            return got.float()
+        return got
+    grade(answer, _stretched, cases, mistakes,
+          name="fn(table, new_len)", against="the interpolated table", shape="(new_len, d_model) = ",
+          pure="the table")
+    print(f"check_stretch_table: right for {len(cases)} tables (float64 and float32, longer and shorter), "
+          "first and last rows kept")
+
+
 # --- exercise 4: rotary positions
 
 def _rotation(p, d_model):
