@@ -105,6 +105,7 @@ COMPONENTS = {
     "feed_forward": ((), "feed_forward:check_feed_forward", "chapter 4, section 4.2", None),
     "ffn_backward": ((), "feed_forward:check_ffn_backward", "chapter 4, exercise 1", None),
     "SwiGLUFeedForward": ((), "feed_forward:check_swiglu", "chapter 4, section 4.2 (gated)", None),
+    "swiglu_width": ((), "feed_forward:check_swiglu_width", "chapter 4, exercise 2", None),
     "layer_norm": ((), "residual:check_layer_norm", "chapter 5, section 5.2", None),
     "LayerNorm": ((), "residual:check_layer_norm", "chapter 5, section 5.2", _layer_norm_from_class),
     "layer_norm_backward": ((), "residual:check_layer_norm_backward", "chapter 5, exercise 1", None),
