@@ -306,7 +306,7 @@ GRADERS = [
         (lambda a: (1 - a, a), "where their squares belong"),
         (lambda a: ((1 - a) ** 2, a ** 2), "normalisation is missing"),
         (lambda a: 0.5, "must return two numbers"),
-    ], prints='3/7'),
+    ], prints='right for all'),
     grader_row(check_padding_fix, correct=[FixedSelfAttention, FixedWithModule, FixedFloat32, QueriesAndKeys], mistakes=[
         (PaddedSelfAttention, "mask is applied to the queries, not the keys"),
         (InvertedMask, "the mask is inverted"),

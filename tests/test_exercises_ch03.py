@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from helpers import Call, grader_row
 
 from transformer_lib.exercises.positional import (
@@ -13,6 +14,7 @@ from transformer_lib.exercises.positional import (
     check_pe_recurrence,
     check_rotary,
     check_smallest_base,
+    check_stretch_table,
 )
 from transformer_lib.positional import sinusoidal_encoding
 
@@ -21,7 +23,7 @@ def _omega(d_model, base, exponent=2, dtype=torch.float64):
     return base ** (-exponent * torch.arange(d_model // 2, dtype=dtype) / d_model)
 
 
-# --- exercise 3: check_learned_positions
+# --- the learned table (exercise 3 before session 50): check_learned_positions
 
 class LearnedPositionalEncoding(nn.Module):
     def __init__(self, d_model, max_len):
@@ -84,6 +86,45 @@ class RowZeroEverywhere(LearnedPositionalEncoding):
         return x + self.table.weight[0]
 
 
+# --- exercise 3: check_stretch_table
+
+def stretch_table(table, new_len):                                # F.interpolate, corners aligned
+    return F.interpolate(table.T[None], size=new_len, mode="linear", align_corners=True)[0].T
+
+
+def stretch_table32(table, new_len):                              # by hand, float32 weights, any table dtype
+    t = torch.linspace(0, len(table) - 1, new_len, dtype=torch.float32)
+    i = t.floor().long().clamp(max=len(table) - 2)
+    f = (t - i)[:, None].to(table.dtype)
+    return (1 - f) * table[i] + f * table[i + 1]
+
+
+def stretch_centres(table, new_len):                              # align_corners=False
+    return F.interpolate(table.T[None], size=new_len, mode="linear", align_corners=False)[0].T
+
+
+def stretch_in_place(table, new_len):
+    out = stretch_table(table, new_len)
+    table.zero_()
+    return out
+
+
+def stretch_scaled(table, new_len):                               # q * max_len / new_len
+    t = torch.arange(new_len, dtype=torch.float64) * len(table) / new_len
+    i = t.floor().long().clamp(max=len(table) - 1)
+    j = (i + 1).clamp(max=len(table) - 1)
+    f = (t - i)[:, None].to(table.dtype)
+    return (1 - f) * table[i] + f * table[j]
+
+
+def stretch_nearest(table, new_len):
+    return table[torch.linspace(0, len(table) - 1, new_len).round().long()]
+
+
+def stretch_appended(table, new_len):
+    return torch.cat([table, table[-1:].expand(new_len - len(table), -1)]) if new_len > len(table) else table[:new_len]
+
+
 # --- exercise 4: check_rotary
 
 def offset_matrix(k, d_model):                                    # the chapter's M_k
@@ -126,6 +167,20 @@ def rotate_one_matrix(x, positions):                              # one M_p at a
 def rotate32(x, positions):                                       # pairwise, without matrices, in float32
     x = x.float()
     angle = positions[:, None].float() * _omega(x.size(-1), 10000.0, dtype=torch.float32)
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack([a * angle.cos() + b * angle.sin(), b * angle.cos() - a * angle.sin()], -1).flatten(-2)
+
+
+def rotate_hf(x, positions):                                      # Hugging Face / LLaMA style: float32 angles,
+    d = x.size(-1)                                                # promoted to a float64 x (review 50b, B3-2)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    angle = positions[:, None] * inv_freq
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack([a * angle.cos() + b * angle.sin(), b * angle.cos() - a * angle.sin()], -1).flatten(-2)
+
+
+def rotate_angle_off(x, positions):                               # every angle 1e-6 too large: 1e-3 rad at p = 1000
+    angle = positions[:, None].double() * _omega(x.size(-1), 10000.0) * (1 + 1e-6)
     a, b = x[..., 0::2], x[..., 1::2]
     return torch.stack([a * angle.cos() + b * angle.sin(), b * angle.cos() - a * angle.sin()], -1).flatten(-2)
 
@@ -317,7 +372,15 @@ GRADERS = [
         (WithProjection, "no extra layer"),
         (RowZeroEverywhere, "every position gets row 0"),
     ]),
-    grader_row(check_rotary, correct=[rotate64, rotate32, rotate_cached], mistakes=[
+    grader_row(check_stretch_table, correct=[stretch_table, stretch_table32], mistakes=[
+        (stretch_centres, "align_corners=False"),
+        (stretch_in_place, "in place"),
+        (stretch_scaled, "max_len / new_len"),
+        (stretch_nearest, "nearest old row"),
+        (stretch_appended, "appended copies"),
+    ], prints=["first and last rows kept"]),
+    grader_row(check_rotary, correct=[rotate64, rotate32, rotate_cached, rotate_hf], mistakes=[
+        (rotate_angle_off, r"expected -?\d\.\d{8}.*slightly off"),
         (rotate, r"shape \(5, 768, 768\)|shape \(768, 768\)"),          # the chapter's offset_matrix, stacked
         (rotate_one_matrix, r"a d_model x d_model matrix"),
         (rotate_backwards, "rotate by -p"),

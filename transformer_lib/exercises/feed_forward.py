@@ -128,8 +128,8 @@ def check_swiglu_width(fn) -> None:
             named = ("it must be the smallest multiple of multiple_of that is at least the exact width" if got % multiple
                      else "a multiple, but not the smallest one at least the exact width")
         raise AssertionError(f"swiglu_width({d}, multiple_of={multiple}) returned {got:g}: {named}")
-    print(f"check_swiglu_width: correct, exact widths {', '.join(f'{_matched_width(d):g}' for d in sizes)} for "
-          f"d_model = {', '.join(map(str, sizes))}, and rounded up to multiples")
+    print(f"check_swiglu_width: correct, exact widths for d_model = {', '.join(map(str, sizes))}, and rounded up to "
+          "multiples")
 
 
 def _swish(z):
@@ -258,8 +258,8 @@ def check_kernel_3(nonzero, num_layers) -> None:
     if _reach(layers - 1)[5, 0] if layers > 1 else False:
         raise AssertionError(f"too many: y_5 already depends on x_0 after fewer than {layers} layers; num_layers is "
                              "the smallest number after which it does")
-    print("check_kernel_3: correct: a band of blocks around the diagonal, and the smallest depth at which position 0 "
-          "reaches position 5")
+    print("check_kernel_3: correct: the non-zero blocks, and the smallest depth at which position 0 reaches "
+          "position 5")
 
 
 # --- exercise 1: the feed-forward network's backward pass by hand, graded against autograd (the reference is

@@ -229,8 +229,7 @@ def check_min_mse(fn) -> None:
     wants = {a: _least_squares_errors(a) for a in alphas}
     wrong = [a for a in alphas if not near(answers[a], wants[a], 0.05)]
     if not wrong:
-        print(f"check_min_mse: right for all {len(alphas)} alphas; the two errors always average 1/2, "
-              f"so 6 of 7 positions at 1/2 give 3/7")
+        print(f"check_min_mse: right for all {len(alphas)} alphas")
         return
     slips = {       # a slip is named when the answer follows it at every alpha (one alpha could be sampling noise)
         "the two are swapped: with weight alpha on u, the target u keeps the smaller error when alpha > 1/2":

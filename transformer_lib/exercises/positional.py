@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ..positional import sinusoidal_encoding
-from .grading import call_reader, close_to, grade, number
+from .grading import call_reader, close_to, first_difference, grade, number
 
 
 def _first_mismatch(got, want, tol):
@@ -185,6 +185,79 @@ def check_learned_positions(cls) -> None:
           f"position max_len = {max_len} raises, as it should")
 
 
+def _stretched(table, new_len, scale=None, how="linear"):
+    """The reference (how="linear"): row q of the result is table read at the real position
+    q (max_len - 1) / (new_len - 1), linearly interpolated between its two neighbouring rows; with a reader's
+    slip: scale max_len / new_len, how="nearest" or "floor" (no interpolation), how="swapped" (the two weights of
+    the interpolation exchanged)."""
+    table = table.detach().to("cpu", torch.float64)
+    max_len = table.size(0)
+    scale = (max_len - 1) / (new_len - 1) if scale is None else scale
+    t = torch.arange(new_len, dtype=torch.float64) * scale
+    if how == "nearest":
+        return table[t.round().long().clamp(max=max_len - 1)]
+    low = t.floor().long().clamp(max=max_len - 1)
+    if how == "floor":
+        return table[low]
+    high = (low + 1).clamp(max=max_len - 1)
+    frac = (t - low)[:, None]
+    if how == "swapped":
+        frac = 1 - frac
+    return (1 - frac) * table[low] + frac * table[high]
+
+
+def check_stretch_table(fn) -> None:
+    """Test a reader's fn(table, new_len) -> (new_len, d_model): a learned (max_len, d_model) table of positions
+    stretched to new_len rows by linear interpolation, row q being the table at the real position
+    q (max_len - 1) / (new_len - 1) (the first and last rows kept), on tables in float64 and float32 and for
+    longer and shorter new lengths. Names the usual slips: the scale max_len / new_len, the nearest or the lower
+    row instead of interpolating, the two weights exchanged, the old rows kept with new rows appended, the table
+    changed in place."""
+    g = torch.Generator().manual_seed(0)
+    cases = {}
+    for max_len, d_model, new_len, dtype in ((12, 8, 30, torch.float64), (100, 16, 257, torch.float32),
+                                             (7, 4, 13, torch.float64), (20, 6, 9, torch.float64)):
+        cases[f"table ({max_len}, {d_model}) {str(dtype)[6:]} stretched to new_len = {new_len}"] = (
+            torch.randn(max_len, d_model, generator=g, dtype=dtype), new_len)
+
+    def appended(table, new_len):
+        if new_len <= len(table):
+            return None
+        return torch.cat([table.double(), table[-1:].double().expand(new_len - len(table), -1)])
+
+    mistakes = {
+        "the last new row must read the last old row: position q maps to q (max_len - 1) / (new_len - 1); you "
+        "scaled by max_len / new_len, which leaves the last rows short of the table's end":
+            lambda table, new_len: _stretched(table, new_len, scale=len(table) / new_len),
+        "you take the nearest old row: interpolate linearly between the two rows around the real position":
+            lambda table, new_len: _stretched(table, new_len, how="nearest"),
+        "you take the row below the real position (floor): interpolate linearly between the two rows around it":
+            lambda table, new_len: _stretched(table, new_len, how="floor"),
+        "the two interpolation weights are exchanged: at real position t between rows i and i + 1, row i gets "
+        "weight (i + 1) - t and row i + 1 gets t - i":
+            lambda table, new_len: _stretched(table, new_len, how="swapped"),
+        "you kept the old rows and appended copies of the last one: stretching spreads the old rows over the new "
+        "length, every new row an interpolation":
+            appended,
+        "you map cell centres (F.interpolate with align_corners=False): the first and last new rows must equal the "
+        "first and last old rows, so use align_corners=True, or read row q at q (max_len - 1) / (new_len - 1)":
+            lambda table, new_len: torch.nn.functional.interpolate(
+                table.detach().double().T[None], size=new_len, mode="linear", align_corners=False)[0].T}
+
+    def answer(table, new_len):                # float32 interpolation weights on a float64 table: float32-accurate
+        got = torch.as_tensor(fn(table, new_len))
+        want = _stretched(table, new_len)
+        if (got.dtype == torch.float64 and tuple(got.shape) == tuple(want.shape) and not close_to(got, want)
+                and close_to(got.float(), want)):
+            return got.float()
+        return got
+    grade(answer, _stretched, cases, mistakes,
+          name="fn(table, new_len)", against="the interpolated table", shape="(new_len, d_model) = ",
+          pure="the table")
+    print(f"check_stretch_table: right for {len(cases)} tables (float64 and float32, longer and shorter), "
+          "first and last rows kept")
+
+
 # --- exercise 4: rotary positions
 
 def _rotation(p, d_model):
@@ -257,12 +330,28 @@ def check_rotary(fn) -> None:
             torch.tensor([[0.0, 1.0] * half] * len(pos), dtype=torch.float64), pos),
         "x comes back unrotated: row t must be multiplied by M_{positions[t]}": lambda x, pos: x,
         "you rotate row t by its index t; use the given positions[t]": lambda x, pos: rotated(x, range(len(x)))}
-    grade(lambda x, pos: torch.as_tensor(fn(x, pos)), rotated, {"": (x, positions)}, mistakes,
+    # Angles p w_i computed in float32 (the usual Hugging Face / LLaMA code: inv_freq in float32, times the
+    # positions) round p w_i by up to ~1e-4 rad at p = 1000; promoted to float64 x, such an answer is float64 but
+    # only float32-accurate. It is right: grade it at float32's tolerance (tolerance by the precision it used).
+    got, want = call(x, positions), rotated(x, positions)
+    in_float32 = (tuple(got.shape) == tuple(want.shape) and got.is_floating_point() and not close_to(got, want)
+                  and close_to(got.float(), want))
+    if (tuple(got.shape) == tuple(want.shape) and got.is_floating_point() and not close_to(got.float(), want)
+            and not got.isnan().any() and (got.double() - want).abs().max().item() < 1e-2):
+        index, value, expected = first_difference(got.float(), want)
+        raise AssertionError(
+            f"fn(x, positions) differs from M_p x by up to {(got.double() - want).abs().max().item():.2e} (first at "
+            f"{list(index)}: {value:.8f}, expected {expected:.8f}, position {positions[index[0]].item()}): more than "
+            "float32's rounding allows, yet small; an angle p w_i that is slightly off (e.g. computed in float16 or "
+            "bfloat16, or w_i from a rounded base) does this. Compute the angles in float32 or float64")
+    answer = (lambda x, pos: torch.as_tensor(fn(x, pos)).float()) if in_float32 else \
+        (lambda x, pos: torch.as_tensor(fn(x, pos)))
+    grade(answer, rotated, {"": (x, positions)}, mistakes,
           name="fn(x, positions)", against="M_p x", shape="one rotated row per row of x, ")
     batched = torch.randn(2, 3, n, d_model, generator=g, dtype=torch.float64)       # (B, h, n, d_model)
     got = call(batched, positions)
     want = torch.stack([rotated(rows, positions) for rows in batched.reshape(-1, n, d_model)]).reshape(batched.shape)
-    if tuple(got.shape) != tuple(batched.shape) or not close_to(got, want):
+    if tuple(got.shape) != tuple(batched.shape) or not close_to(got.float() if in_float32 else got, want):
         raise AssertionError(f"on x of shape (B, h, n, d_model) = {tuple(batched.shape)} your rotation differs from "
                              "M_p x" + (f" (shape {tuple(got.shape)})" if tuple(got.shape) != tuple(batched.shape)
                                         else "") + ": the positions run along axis -2 and the features along the "
@@ -275,7 +364,7 @@ def check_rotary(fn) -> None:
         rq, rk = call(torch.stack([q, q]), pos)[0], call(torch.stack([k, k]), pos)[1]
         scores.append((rq.double() @ rk.double()).item())
     spread = max(scores) - min(scores)
-    if spread > 1e-6 * max(1.0, abs(scores[0])) + (1e-3 if got.dtype != torch.float64 else 0):
+    if spread > 1e-6 * max(1.0, abs(scores[0])) + (1e-3 if got.dtype != torch.float64 or in_float32 else 0):
         raise AssertionError(f"your rotated scores for offset 7 change with the position: "
                              f"{[round(s, 4) for s in scores]} at p = 3, 4, 103, 4003")
     wide, rows = 768, torch.tensor([0, 3, 7, 100, 2000])               # the constraint: no d_model x d_model matrix
@@ -290,7 +379,9 @@ def check_rotary(fn) -> None:
                              "O(n d_model^2) work. M_p is block-diagonal: turn each pair (x_2i, x_2i+1) by its own "
                              "angle p w_i, with one cosine and one sine per pair, on x[..., 0::2] and x[..., 1::2]")
     print(f"check_rotary: M_p x right, also on (B, h, n, d_model); q~_p . k~_p' = {scores[0]:.4f} for p' - p = 7 "
-          "at p = 3, 4, 103, 4003; no d_model x d_model matrix built (d_model = 768)")
+          "at p = 3, 4, 103, 4003; no d_model x d_model matrix built (d_model = 768)"
+          + ("; your float64 output is float32-accurate (angles p w_i computed in float32, as in most code: "
+             "graded at float32's tolerance)" if in_float32 else ""))
 
 # --- exercise 1: the table by recurrence, and its float32 drift
 
