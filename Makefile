@@ -267,7 +267,8 @@ experiments: venv recipes
 	    OMP_NUM_THREADS=1 $(BIN)/python experiments/ablation.py --json $(RESULTS)/ablation.json && \
 	    OMP_NUM_THREADS=1 $(BIN)/python experiments/qa_ablation.py --json $(RESULTS)/qa_ablation.json && \
 	    OMP_NUM_THREADS=1 $(BIN)/python experiments/summarize_seeds.py --json $(RESULTS)/summarize_seeds.json && \
-	    OMP_NUM_THREADS=1 $(BIN)/python experiments/decoder_classifier.py --json $(RESULTS)/decoder_classifier.json) & \
+	    OMP_NUM_THREADS=1 $(BIN)/python experiments/decoder_classifier.py --json $(RESULTS)/decoder_classifier.json && \
+	    OMP_NUM_THREADS=1 $(BIN)/python experiments/dpo_controls.py --json $(RESULTS)/dpo_controls.json) & \
 	    OMP_NUM_THREADS=1 $(BIN)/python experiments/vit_seeds.py --json $(RESULTS)/vit_seeds.json; \
 	    status=$$?; wait $$! && exit $$status
 

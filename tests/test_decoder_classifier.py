@@ -106,3 +106,47 @@ def test_split_keeps_each_file_on_one_side():
     assert data == split_by_file(functions, 200, 50, seed=0)
     with pytest.raises(ValueError, match="too few"):
         split_by_file(functions, 10_000, 50)
+
+
+def test_validation_side_takes_whole_files_of_its_own():
+    functions = package_functions()
+    data = split_by_file(functions, 200, 50, seed=1, n_val=50)       # split seed 0 cannot serve 200/50/50
+    assert [len(data[side]) for side in ("train", "val", "test")] == [800, 200, 200]
+    for label, files in enumerate(functions.values()):
+        where = {text: name for name, texts in files.items() for text in texts}
+        sides = [{where[t] for t, y in data[side] if y == label} for side in ("train", "val", "test")]
+        assert all(sides) and not (sides[0] & sides[1] or sides[0] & sides[2] or sides[1] & sides[2])
+    without = split_by_file(functions, 200, 50, seed=0)
+    assert without["val"] == [] and without == split_by_file(functions, 200, 50, seed=0, n_val=0)
+    with pytest.raises(ValueError, match="too few"):
+        split_by_file(functions, 200, 50, seed=0, n_val=50)             # xml/dom's minidom.py lands off training
+
+
+def test_committed_results_match_the_scripts_defaults():
+    """transformer_lib/results/decoder_classifier.json, which Chapter 16.4 prints, is what the script's defaults
+    produce: its grids, budgets and seeds, every setting chosen on every split, three seeds at each chosen rate."""
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "experiments"))
+    try:
+        spec = importlib.util.spec_from_file_location("decoder_classifier", root / "experiments" / "decoder_classifier.py")
+        script = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(script)
+    finally:
+        sys.path.remove(str(root / "experiments"))
+    args = vars(script.make_parser().parse_args([]))
+    result = json.loads((root / "transformer_lib" / "results" / "decoder_classifier.json").read_text())
+    assert result["script"] == "experiments/decoder_classifier.py"
+    for key in ("steps", "batch", "n_train", "n_val", "n_test", "max_tokens", "seeds", "extend"):
+        assert result[key] == args[key], key
+    assert result["lr_grid"] == {t: list(v) for t, v in script.LR_GRID.items()}
+    assert result["C_grid"] == list(script.C_GRID) and len(result["splits"]) == args["splits"] >= 3
+    for split in result["splits"]:
+        assert set(split["chosen_lr"]) == set(script.SETTINGS)
+        for tuning, lr in split["chosen_lr"].items():
+            runs = [r for r in result["runs"] if r["split_seed"] == split["split_seed"] and r["tuning"] == tuning]
+            assert sorted(r["seed"] for r in runs) == args["seeds"] and {r["lr"] for r in runs} == {lr}

@@ -659,25 +659,29 @@ def package_functions(packages=PACKAGES, stdlib=None) -> dict:
     return found
 
 
-def split_by_file(functions: dict, n_train: int, n_test: int, seed: int = 0) -> dict:
-    """{"train": [(text, label)], "test": [...]}: label = the package's index in functions. A text found more than
-    once (in two files, or two packages: `def __repr__(self): ...` written alike) is dropped. Each package's files
-    are shuffled (seeded) and the first ones go to the test side until it holds n_test functions, so no file gives
-    functions to both sides; then n_train and n_test functions are drawn from each side (seeded)."""
+def split_by_file(functions: dict, n_train: int, n_test: int, seed: int = 0, n_val: int = 0) -> dict:
+    """{"train": [(text, label)], "val": [...], "test": [...]}: label = the package's index in functions. A text
+    found more than once (in two files, or two packages: `def __repr__(self): ...` written alike) is dropped. Each
+    package's files are shuffled (seeded); the first ones go to the test side until it holds n_test functions, the
+    next ones to the validation side until it holds n_val, the rest to training, so no file gives functions to two
+    sides; then n_train, n_test and n_val functions are drawn from each side (seeded). With n_val = 0, "val" is
+    empty and the other two sides are what they were before validation existed (the same draws)."""
     rng = random.Random(seed)
     seen = collections.Counter(text for files in functions.values() for texts in files.values() for text in texts)
-    out = {"train": [], "test": []}
+    out = {"train": [], "val": [], "test": []}
     for label, files in enumerate(functions.values()):
         names = sorted(files)
         rng.shuffle(names)
-        test, train = [], []
+        test, val, train = [], [], []
         for name in names:
-            (test if len(test) < n_test else train).extend(t for t in files[name] if seen[t] == 1)
-        if len(test) < n_test or len(train) < n_train:
+            side = test if len(test) < n_test else val if len(val) < n_val else train
+            side.extend(t for t in files[name] if seen[t] == 1)
+        if len(test) < n_test or len(val) < n_val or len(train) < n_train:
             raise ValueError(f"package {list(functions)[label]!r} has too few functions for n_train={n_train}, "
-                             f"n_test={n_test}: {len(train)} and {len(test)}")
+                             f"n_val={n_val}, n_test={n_test}: {len(train)}, {len(val)} and {len(test)}")
         out["train"] += [(t, label) for t in rng.sample(train, n_train)]
         out["test"] += [(t, label) for t in rng.sample(test, n_test)]
+        out["val"] += [(t, label) for t in rng.sample(val, n_val)]
     rng.shuffle(out["train"])
     return out
 
