@@ -112,6 +112,38 @@ def w_q_shrunk(d_model, num_heads, kv_heads):
     return params - (d_model - kv_heads * d_k) * (d_model + 1), cached
 
 
+def kv_counts_from_library(d_model, num_heads, kv_heads):
+    """The shortcut the exercise rules out: the chapter's MultiHeadAttention already has num_kv_heads."""
+    mha = MultiHeadAttention(d_model, num_heads, num_kv_heads=kv_heads)
+    return sum(p.numel() for p in mha.parameters()), 2 * kv_heads * (d_model // num_heads)
+
+
+def kv_counts_from_library_caught(d_model, num_heads, kv_heads):
+    """The same shortcut, with the refusal caught and the reference count returned: still refused."""
+    try:
+        MultiHeadAttention(d_model, num_heads, num_kv_heads=kv_heads)
+    except AssertionError:
+        pass
+    return kv_counts(d_model, num_heads, kv_heads)
+
+
+class MultiHeadAttention_cell(nn.Module):
+    """The chapter defines MultiHeadAttention in a cell (a class apart from the library's, of the same name)."""
+    def __init__(self, d_model, num_heads, num_kv_heads=None):
+        super().__init__()
+        d_k, kv = d_model // num_heads, num_kv_heads or num_heads
+        self.W_q, self.W_o = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
+        self.W_k, self.W_v = nn.Linear(d_model, kv * d_k), nn.Linear(d_model, kv * d_k)
+
+
+MultiHeadAttention_cell.__name__ = "MultiHeadAttention"
+
+
+def kv_counts_from_chapter_cell(d_model, num_heads, kv_heads):
+    mha = MultiHeadAttention_cell(d_model, num_heads, num_kv_heads=kv_heads)
+    return sum(p.numel() for p in mha.parameters()), 2 * kv_heads * (d_model // num_heads)
+
+
 def test_kv_counts_match_the_real_module():
     assert kv_counts(512, 8, 8)[0] == sum(p.numel() for p in MultiHeadAttention(512, 8).parameters())
 
@@ -296,6 +328,9 @@ GRADERS = [
         (only_keys_cached, "only the keys"),
         (all_heads_cached, "full multi-head attention's cache"),
         (w_q_shrunk, "shrank W_q too"),
+        (kv_counts_from_library, "build the projections W_q, W_k, W_v, W_o yourself"),
+        (kv_counts_from_library_caught, "builds the chapter's MultiHeadAttention"),
+        (kv_counts_from_chapter_cell, "build the projections W_q, W_k, W_v, W_o yourself"),
         (lambda d_model, num_heads, kv_heads: 5, "must return two numbers"),
     ]),
     grader_row(check_min_mse, correct=[min_mse, min_mse_sampled] + [  # the exercise's 10,000 samples, any seed

@@ -188,11 +188,40 @@ def check_kv_counts(fn) -> None:
     layer (W_q, W_k, W_v, W_o, with biases) with num_heads query heads and kv_heads key/value heads of width
     d_k = d_model / num_heads (kv_heads = num_heads: multi-head; 1: multi-query; between: grouped-query), and
     the numbers of keys and values a decoder caches per token and layer. Checked against nn.Linear layers of
-    those shapes for several sizes; names the usual miscounts."""
+    those shapes for several sizes; names the usual miscounts. Refuses an fn that builds the chapter's
+    MultiHeadAttention (it has num_kv_heads: its parameters would be the answer)."""
     sizes = ((512, 8, 8), (512, 8, 4), (512, 8, 2), (512, 8, 1), (64, 4, 2), (96, 12, 3), (96, 12, 1))
     for size in sizes:
-        _grade_kv_counts(fn, *size)
+        _grade_kv_counts(_without_library_attention(fn), *size)
     print(f"check_kv_counts: parameters and cache sizes right for all {len(sizes)} sizes")
+
+
+def _without_library_attention(fn):
+    """fn, refusing to build the chapter's MultiHeadAttention during a call: it already has num_kv_heads, so
+    counting its parameters would answer the exercise for the reader. The chapter defines the class in a cell, so
+    the refusal goes by name: nn.Module.__init__ is replaced for the call only, and refuses any module with a
+    class named MultiHeadAttention among its bases; the refusal stands even when fn catches it."""
+    def call(*args):
+        built, original = [], nn.Module.__init__
+
+        def refuse(self, *a, **kw):
+            if any(k.__name__ == "MultiHeadAttention" for k in type(self).__mro__):
+                built.append(type(self).__name__)
+                raise Verdict("you built a MultiHeadAttention")
+            original(self, *a, **kw)
+        nn.Module.__init__ = refuse
+        try:
+            return fn(*args)
+        except Verdict:
+            if not built:
+                raise
+        finally:
+            nn.Module.__init__ = original                           # the real constructor again
+            if built:
+                raise Verdict(f"your function builds the chapter's {built[0]} (it has num_kv_heads) and counts its "
+                              "parameters: build the projections W_q, W_k, W_v, W_o yourself (nn.Linear layers of "
+                              "the right shapes), or count them from the shapes")
+    return call
 
 
 # --- exercise 4: why one head stalls at 3/7
