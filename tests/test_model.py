@@ -13,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transformer_lib.attention import causal_mask, padding_mask
-from transformer_lib.exercises.decoder import check_parameter_count
 from transformer_lib.model import Transformer, TransformerConfig, transformer_to_torch
 from transformer_lib.multi_head import attention_maps
 from transformer_lib.positional import sinusoidal_encoding
@@ -327,33 +326,6 @@ def test_empty_batch():
     model = Transformer(small_config()).eval()
     empty = torch.zeros(0, 4, dtype=torch.long)
     assert model(empty, empty[:, :3]).shape == (0, 3, 50)
-
-
-# ---------------------------------------------------------------- the exercise checker
-
-def exact_count(c):
-    d, f = c.d_model, c.d_ff
-    attention, ffn, norm = 4 * d * d + 4 * d, 2 * d * f + f + d, 2 * d
-    emb = c.src_vocab_size * d if c.tie_embeddings else (c.src_vocab_size + 2 * c.tgt_vocab_size) * d
-    return (emb + c.num_encoder_layers * (attention + ffn + 2 * norm)
-            + c.num_decoder_layers * (2 * attention + ffn + 3 * norm) + (2 * norm if c.final_norm else 0))
-
-
-def test_check_parameter_count_accepts_the_exact_count(capsys):
-    check_parameter_count(exact_count)
-    assert "exact" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("fn, message", [
-    (lambda c: exact_count(c) - (4 * c.d_model if c.final_norm else 0), "final LayerNorms"),
-    (lambda c: exact_count(c) + (2 * c.src_vocab_size * c.d_model if c.tie_embeddings else 0), "counted once"),
-    (lambda c: exact_count(c) - c.num_decoder_layers * (4 * c.d_model ** 2 + 6 * c.d_model), "cross-attention"),
-    (lambda c: float(exact_count(c)), "expected an int"),
-    (lambda c: exact_count(c) + 1, r"difference \+1"),
-])
-def test_check_parameter_count_names_the_mistake(fn, message):
-    with pytest.raises(AssertionError, match=message):
-        check_parameter_count(fn)
 
 
 def test_encode_takes_any_mask_with_the_rank_of_its_scores():
