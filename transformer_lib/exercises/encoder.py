@@ -341,11 +341,10 @@ def check_reach(fn) -> None:
         "your reach is one layer too far: the embeddings and positional encodings mix no positions, only the L "
         "attentions do": lambda S, r, L: _reach_by_autograd(S, r, L + 1),
         "your reach is L(2r + 1) each way: 2r + 1 is the size of one layer's window (r keys on each side and the "
-        "token itself), not how far it reaches; each layer carries information r positions each way, so L layers "
-        "reach |i - j| <= L r": lambda S, r, L: _reach_by_autograd(S, 2 * r + 1, L),
-        "your reach is 2Lr each way: that is the width of the window without the token itself (L r on each side), "
-        "used as its radius; the reach on each side is L r, half of it":
-            lambda S, r, L: _reach_by_autograd(S, 2 * r, L),
+        "token itself), not how far that window reaches on one side":
+            lambda S, r, L: _reach_by_autograd(S, 2 * r + 1, L),
+        "your reach is 2Lr each way: that is the width of the window without the token itself, both sides "
+        "together, used as the reach on one side": lambda S, r, L: _reach_by_autograd(S, 2 * r, L),
         "your reach grows like r to the power L: the layers' reaches do not multiply":
             lambda S, r, L: distance(S) <= r ** L,
         "your reach looks only backwards (j <= i): restricted self-attention in an encoder sees keys on each side":
