@@ -258,6 +258,10 @@ def load_gpt2_attention32(*args):
     _load(*args, dtype=torch.float32)
 
 
+def float32_rounded(mha, *weights):                              # a float64 module, float32-rounded weights
+    _load(mha, *(w.float() for w in weights))
+
+
 def c_attn_untransposed(*args):
     _load(*args, slip="c_attn untransposed")
 
@@ -310,6 +314,8 @@ GRADERS = [
         (q_and_k_swapped, "wrong order"),
         (reshaped_not_transposed, "a reshape only re-reads"),
         (biases_left, "W_q.bias, W_k.bias, W_v.bias still hold"),
+        (float32_rounded, r"your weights \(or inputs\) went through float32: the difference is at float32's "
+                          r"rounding.*\(first at \[.*: -?\d\.\d{10}, expected -?\d\.\d{10}; largest difference"),
     ], prints="computes GPT-2's attention"),
     grader_row(check_heads_loop, correct=[heads_loop, heads_loop32], mistakes=[
         (forgotten_biases, "biases of W_q, W_k, W_v are missing"),

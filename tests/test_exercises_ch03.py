@@ -341,6 +341,8 @@ GRADERS = [
                                              Call(by_rotation, first_drift_numpy)], mistakes=[
         (Call(backwards, first_drift), "rotate backwards"),
         (Call(from_cos_sin, first_drift), "you started from \\(1, 0"),
+        (Call(lambda n, d, dtype: by_rotation(n, d, dtype)[:, [i ^ 1 for i in range(d)]], first_drift),
+         "your even and odd columns are swapped: PE\\(p, 2i\\) is the sine"),
         (Call(rows_exponent_i, first_drift), "exponent must be 2i/d_model"),
         (Call(from_pe_1, first_drift), "starts at PE\\(1\\)"),
         (Call(from_the_formula, first_drift), "not built by rotating in float32"),

@@ -32,6 +32,23 @@ class Float32MHA(BookMHA):
         return super().forward(query.float(), key.float(), value.float(), mask)
 
 
+class Float32WeightsMHA(BookMHA):
+    """A float64 module holding float32-rounded weights (the mixed-precision slip)."""
+
+    def forward(self, query, key, value, mask=None):
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(p.float())
+        return super().forward(query, key, value, mask)
+
+
+class Float32InputsMHA(BookMHA):
+    """A float64 module whose inputs go through float32 first."""
+
+    def forward(self, query, key, value, mask=None):
+        return super().forward(*(x.float().double() for x in (query, key, value)), mask)
+
+
 class AnnotatedMHA(nn.Module):
     """The Annotated Transformer's layout: four nn.Linear in a ModuleList (W_q, W_k, W_v, W_o), no dropout
     argument, the book's mask convention. The wrong classes below change one method each."""
@@ -198,6 +215,9 @@ GRADERS = [
         (Unscaled, "the scores are not scaled"),
         (MissingWo, "W_o is missing"),
         (HeadsNotMerged, r"\(B, h, n_q, d_k\), the heads not merged"),
+        (Float32WeightsMHA, r"your weights \(or inputs\) went through float32: the difference is at float32's "
+                            r"rounding.*\(first at \[.*: -?\d\.\d{10}, expected -?\d\.\d{10}; largest difference"),
+        (Float32InputsMHA, "went through float32"),
     ], prints='matches MultiHeadAttention in all 3 cases'),
     grader_row(check_encoder_layer_module, correct=[BookLayer, Float32Layer, NanoBlock], mistakes=[
         (AlwaysPreNorm, "other norm placement, pre-norm .* as norm_first=False asks"),

@@ -340,14 +340,21 @@ def check_reach(fn) -> None:
             one_short,
         "your reach is one layer too far: the embeddings and positional encodings mix no positions, only the L "
         "attentions do": lambda S, r, L: _reach_by_autograd(S, r, L + 1),
+        "your reach is L(2r + 1) each way: 2r + 1 is the size of one layer's window (r keys on each side and the "
+        "token itself), not how far that window reaches on one side":
+            lambda S, r, L: _reach_by_autograd(S, 2 * r + 1, L),
+        "your reach is 2Lr each way: that is the width of the window without the token itself, both sides "
+        "together, used as the reach on one side": lambda S, r, L: _reach_by_autograd(S, 2 * r, L),
         "your reach grows like r to the power L: the layers' reaches do not multiply":
             lambda S, r, L: distance(S) <= r ** L,
         "your reach looks only backwards (j <= i): restricted self-attention in an encoder sees keys on each side":
             lambda S, r, L: _reach_by_autograd(S, r, L).tril(),
     }
-    # the first case tells the usual slips apart (each gives another reach there); the others test the edges
+    # the first case tells the usual slips apart: each gives another reach there, none the whole sentence (L r = 9;
+    # the slips 3, 6, 8, 12, 18, 21 (L(2r + 1)), 27 (r^L), all < S - 1 = 39), so it decides the slip's name; the
+    # others test the edges (a reach that covers the whole sentence, r = 0, one layer)
     cases = {f"S={S}, r={r}, L={L}": (S, r, L) for S, r, L in
-             ((26, 3, 4), (12, 2, 2), (8, 1, 1), (10, 1, 3), (16, 2, 3), (9, 3, 4), (6, 0, 3))}
+             ((40, 3, 3), (12, 2, 2), (8, 1, 1), (10, 1, 3), (16, 2, 3), (9, 3, 4), (6, 0, 3))}
     grade(answer, lambda S, r, L: _reach_by_autograd(S, r, L), cases, mistakes, name="your reach",
           against="autograd's", shape="(S, S) = ")
     print(f"check_reach: right in all {len(cases)} cases (checked against autograd on a real Encoder)")

@@ -13,7 +13,16 @@ import torch.nn as nn
 
 from ..attention import causal_mask, scaled_dot_product_attention
 from ..multi_head import MultiHeadAttention, copy_to_torch_mha
-from .grading import Verdict, call_reader, close_to, grade, module_answer, number, reader_module
+from .grading import (
+    Verdict,
+    call_reader,
+    close_to,
+    first_difference,
+    grade,
+    module_answer,
+    number,
+    reader_module,
+)
 
 
 def _grade_split_merge(split_heads, merge_heads, B, n, h, d_k, g):
@@ -354,6 +363,37 @@ def check_padding_fix(cls, seed: int = 0) -> None:
     print("check_padding_fix: real positions match nn.MultiheadAttention on both paths and ignore the padding")
 
 
+# --- float64 output at float32's rounding: the mixed-precision slip of both module graders below
+_THROUGH_FLOAT32 = ("your weights (or inputs) went through float32: the difference is at float32's rounding, about "
+                   "1e-7 relative; keep them float64 or compare at float32's tolerance")
+
+
+def _grade_noting_float32(answer, reference, cases, mistakes, **options) -> None:
+    """grade(answer, reference, cases, mistakes, **options) with one more mistake, tried last: a float64 output
+    that equals the reference only to float32's tolerance (a float64 module holding float32-rounded weights, or
+    computing inside in float32). That message shows the first difference to 10 digits, so the two numbers differ
+    visibly, and the largest difference, also relative to the largest output (a float32 module returns float32 and
+    passes as it is)."""
+    seen = {}
+
+    def answer_seen(*inputs):                                           # the reader's last output, for the message
+        seen["inputs"], seen["got"] = inputs, answer(*inputs)
+        return seen["got"]
+    try:
+        grade(answer_seen, reference, cases, {**mistakes, _THROUGH_FLOAT32: lambda *inputs: reference(*inputs).float()},
+              **options)
+    except AssertionError as error:
+        if not str(error).endswith(_THROUGH_FLOAT32):
+            raise
+        got, want = seen["got"], reference(*seen["inputs"])
+        got = (got[0] if isinstance(got, tuple) else got).detach().to("cpu", torch.float64)
+        index, value, expected = first_difference(got, want)
+        worst = (got - want).abs().max().item()
+        raise AssertionError(f"{error} (first at {list(index)}: {value:.10f}, expected {expected:.10f}; largest "
+                             f"difference {worst:.1e}, {worst / want.abs().max().item():.1e} of the largest "
+                             "output)") from None
+
+
 # --- a reader's own MultiHeadAttention class (for `python -m transformer_lib.check` and readers who write modules)
 def _mha_variant(ref, q, k, v, mask, scale=None, inverted=False, w_o=True):
     """The book's module's computation with one deliberate change, to name a reader's mistake: scores times scale
@@ -414,8 +454,9 @@ def check_multi_head_attention(cls, seed: int = 0) -> None:
             lambda q, k, v, mask: torch.Size((B, k.size(1), d_model)),
     }
     with torch.no_grad():
-        grade(module_answer(model), lambda q, k, v, mask: ref(q, k, v, mask)[0], cases, mistakes,
-              name="your forward", against="MultiHeadAttention", shape="(B, n_q, d_model) = ", hint=hint)
+        _grade_noting_float32(module_answer(model), lambda q, k, v, mask: ref(q, k, v, mask)[0], cases, mistakes,
+                              name="your forward", against="MultiHeadAttention", shape="(B, n_q, d_model) = ",
+                              hint=hint)
     print(f"check_multi_head_attention: {cls.__name__} matches MultiHeadAttention in all {len(cases)} cases "
           "(causal, padding, no mask)")
 
@@ -482,7 +523,7 @@ def check_gpt2_attention(fn, seed: int = 0) -> None:
             x, torch.cat([b.T for b in w[0].reshape(3 * d_model, d_model).split(d_model)], 1), *w[1:], h, proj_t=t)
             for t in (False, True)],
     }
-    grade(loaded, lambda x, *w: _gpt2_attention(x, *w, h), {"causal self-attention, B = 2, n = 5, d_model = 12, "
-          "h = 3": (x, *weights)}, mistakes, name="your loaded MultiHeadAttention",
-          against="GPT-2's attention on the fused weights", shape="(B, n, d_model) = ")
+    _grade_noting_float32(loaded, lambda x, *w: _gpt2_attention(x, *w, h), {"causal self-attention, B = 2, n = 5, "
+                          "d_model = 12, h = 3": (x, *weights)}, mistakes, name="your loaded MultiHeadAttention",
+                          against="GPT-2's attention on the fused weights", shape="(B, n, d_model) = ")
     print("check_gpt2_attention: your loaded MultiHeadAttention computes GPT-2's attention")

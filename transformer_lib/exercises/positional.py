@@ -421,6 +421,9 @@ def check_pe_recurrence(fn, first_drift) -> None:
         "PE(0) = (sin 0, cos 0, ...) = (0, 1, 0, 1, ...); you started from (1, 0, 1, 0, ...)":
             lambda n, d, dtype: _slipped_table(n, d)[:, [i + 1 - 2 * (i % 2) for i in range(d)]]
             * torch.tensor([1.0, -1.0] * (d // 2), dtype=torch.float64),
+        "your even and odd columns are swapped: PE(p, 2i) is the sine, sin(p w_i), and PE(p, 2i + 1) the cosine, "
+        "so row 0 is (0, 1, 0, 1, ...)":
+            lambda n, d, dtype: _slipped_table(n, d)[:, [i + 1 - 2 * (i % 2) for i in range(d)]],
         "the exponent must be 2i/d_model for pair i; you used i/d_model":
             lambda n, d, dtype: _slipped_table(n, d, exponent=1),
         "your table starts at PE(1): row 0 must be PE(0) itself, before any rotation":
