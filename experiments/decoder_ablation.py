@@ -34,7 +34,7 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from record import seeds_parser  # experiments/record.py, beside this script
+from record import machine, save_json, seeds_parser  # experiments/record.py, beside this script
 
 from transformer_lib.classifier import fit
 from transformer_lib.decoder import DecoderLayer
@@ -244,12 +244,6 @@ def lora_study(base, data, device, seeds, steps=100) -> dict:
             "tokens": {"tune": len(data["tune"]), "valid": len(data["tune_valid"]), "test": len(data["tune_test"])}}
 
 
-def machine(device) -> dict:
-    return {"device": device, "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
-            "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
-            "python": platform.python_version(), "threads": torch.get_num_threads()}
-
-
 def make_parser():
     """The script's arguments; their defaults are what the committed results were run with."""
     parser = seeds_parser(__doc__)
@@ -289,13 +283,9 @@ def main(argv=None):
             if args.lora and base is None and name == next(iter(ARMS)):     # the LoRA study's base: done first
                 base = model
                 result["lora"] = lora_study(base, data, args.device, (0, 1, 2), args.lora_steps)
-            if args.json:                                                  # what is done so far
-                with open(args.json, "w") as f:
-                    json.dump(result, f, indent=1)
+            save_json(result, args.json)                                   # what is done so far
     result["seconds"] = round(time.perf_counter() - start, 1)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    save_json(result, args.json)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import platform
 
 import torch
 
@@ -30,3 +31,18 @@ def write_results(script: str, settings: dict, runs: list, path: str | None) -> 
         with open(path, "w") as f:
             json.dump(result, f, indent=1)
     return result
+
+
+def save_json(result: dict, path: str | None) -> None:
+    """Write result to path, if given. The GPU scripts call it after every run, so that what is done so far
+    survives a time limit."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+def machine(device: str) -> dict:
+    """Where a script ran: the device (and the GPU's name), the CPU, torch, Python and the thread count."""
+    return {"device": device, "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
+            "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
+            "python": platform.python_version(), "threads": torch.get_num_threads()}

@@ -21,7 +21,7 @@ import platform
 import time
 
 import torch
-from record import seeds_parser  # experiments/record.py, beside this script
+from record import machine, save_json, seeds_parser  # experiments/record.py, beside this script
 
 from transformer_lib.classifier import fit
 from transformer_lib.gpt import (
@@ -103,9 +103,7 @@ def main(argv=None):
     torch.backends.cudnn.allow_tf32 = False
     data = load_data(args.vocabs, args.data)
     result = {"script": "experiments/tokenizer_compute.py", "python_of_data": data["python"],
-              "machine": {"device": args.device,
-                          "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None,
-                          "torch": torch.__version__, "python": platform.python_version()},
+              "machine": machine(args.device),
               "settings": {"context": CONTEXT, "steps": args.steps, "batch_size": BATCH, "width": WIDTH,
                            "layers": LAYERS, "heads": HEADS, "lr": 3e-3}, "runs": []}
     start = time.perf_counter()
@@ -114,13 +112,9 @@ def main(argv=None):
             r = run(data, vocab, seed, args.device, args.steps)
             result["runs"].append(r)
             print(json.dumps({k: v for k, v in r.items() if k != "loss"}), flush=True)
-            if args.json:
-                with open(args.json, "w") as f:
-                    json.dump(result, f, indent=1)
+            save_json(result, args.json)                                   # what is done so far
     result["seconds"] = round(time.perf_counter() - start, 1)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    save_json(result, args.json)
 
 
 if __name__ == "__main__":
