@@ -167,7 +167,8 @@ def gpt_setup() -> dict:
     heldout_bytes = sum(len(t.encode()) for t in heldout_texts)
     config = GPTConfig(vocab_size=vocab, max_len=context, d_model=width, num_layers=layers, num_heads=heads,
                        d_ff=4 * width, dropout=0.0)
-    return {"config": config, "train_ids": train_ids, "heldout_ids": heldout_ids, "context": context,
+    return {"config": config, "train_ids": train_ids, "heldout_ids": heldout_ids, "context": context, "bpe": bpe,
+            "heldout_bytes": heldout_bytes,
             "data": {"train_ids_sha256": data_sha256(train_ids.tolist()),
                      "heldout_ids_sha256": data_sha256(heldout_ids.tolist())},
             "args": {"steps": steps, "batch_size": batch, "lr": 3e-3, "warmup_steps": steps // 20,
@@ -206,6 +207,119 @@ def gpt(out: str, device: str) -> dict:
     s = gpt_setup()
     return one_model(out, device, s, gpt_fit, "11_decoder_only", "transformer_lib.classifier.fit",
                      lambda h: s["args"]["steps"] * s["args"]["batch_size"] * s["context"])
+
+
+@functools.cache
+def gpt_more_setup() -> dict:
+    """Chapter 11's GPT (the gpt recipe's configuration, tokenizer and held-out modules) trained on the whole standard
+    library instead of its 59 training modules (`more_modules`: 529 more files, 3.8 times the bytes; no tests, no
+    held-out or validation module) for 15 times the tokens: 15,000 steps of 16 windows of 128 tokens."""
+    from transformer_lib.gpt import encode_modules, more_modules, stdlib_sources
+    from transformer_lib.training import data_sha256
+
+    g = gpt_setup()
+    more, valid = more_modules()
+    more_ids = encode_modules(g["bpe"], stdlib_sources(more).values())
+    valid_texts = list(stdlib_sources(valid).values())
+    valid_ids, valid_bytes = encode_modules(g["bpe"], valid_texts), sum(len(t.encode()) for t in valid_texts)
+    train_ids = torch.cat([g["train_ids"], more_ids])
+    steps, batch = 15000, 16
+    s = {**g, "train_ids": train_ids, "valid_ids": valid_ids, "valid_bytes": valid_bytes, "probes": [],
+         "data": {**g["data"], "more_ids_sha256": data_sha256(more_ids.tolist()),
+                  "valid_ids_sha256": data_sha256(valid_ids.tolist()), "more_modules": len(more),
+                  "valid_modules": valid},
+         "args": {**g["args"], "steps": steps, "batch_size": batch, "warmup_steps": steps // 20,
+                  "eval_every": steps // 10}}
+    return s                                      # evaluate: the gpt recipe's, the held-out bits per byte
+
+
+def copy_sequences(heldout_ids, n: int = 128):
+    """Chapter 11's classic induction test: n held-out passages of 32 tokens after 32 tokens of code, repeated
+    verbatim -> (n, 96) ids (drawn with random.Random(0))."""
+    import random
+
+    rng = random.Random(0)
+    passages = torch.stack([heldout_ids[s:s + 64] for s in rng.sample(range(len(heldout_ids) - 64), n)])
+    return torch.cat([passages, passages[:, 32:]], 1)
+
+
+@torch.no_grad()
+def copy_test(model, seqs) -> dict:
+    """Bits per token on the passage's first copy (positions 33-63) and second (65-95), after each copy's first."""
+    import torch.nn.functional as F
+
+    logits = model(seqs)
+    bits = F.cross_entropy(logits[:, :-1].transpose(1, 2).float(), seqs[:, 1:], reduction="none") / math.log(2)
+    pos = torch.arange(1, seqs.size(1), device=seqs.device)                 # the position each loss predicts
+    return {"first": bits[:, (pos > 32) & (pos < 64)].mean().item(), "second": bits[:, pos > 64].mean().item()}
+
+
+@torch.no_grad()
+def head_scores(model, seqs) -> tuple:
+    """(induction, previous) (L, h): the mean weight a token of the second copy puts on the token after its
+    counterpart in the first copy, and the mean weight on the token just before (every position)."""
+    from transformer_lib.multi_head import attention_maps
+
+    with attention_maps(model) as maps:
+        model(seqs)
+    q = torch.arange(64, 95, device=seqs.device)                            # the second copy but its last token
+    induction = torch.stack([w[:, :, q, q - 32 + 1].mean((0, 2)).cpu() for w in maps.values()])
+    previous = torch.stack([w.diagonal(-1, 2, 3).mean((0, 2)).cpu() for w in maps.values()])
+    return induction, previous
+
+
+def parse_rate(model, bpe, temperature: float, n: int = 200, new_tokens: int = 120) -> float:
+    """Chapter 11's test: n functions sampled from "def " (top-p 0.95, new_tokens tokens, seed 0), cut with
+    function_text; the fraction ast.parse accepts."""
+    import warnings
+
+    from transformer_lib.gpt import function_text, parses
+    from transformer_lib.sampling import generate
+
+    device = next(model.parameters()).device
+    prompt = torch.tensor([bpe.encode("def ").ids] * n, device=device)
+    g = torch.Generator(device=device).manual_seed(0)
+    out = generate(model, prompt, new_tokens, temperature=temperature, top_p=0.95, generator=g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)                      # "invalid decimal literal" and such
+        return sum(parses(function_text("def " + bpe.decode(row.tolist()))) for row in out) / n
+
+
+def gpt_probe(s: dict, model) -> float:
+    """The recipe's evaluation: the held-out bits per byte (returned: the record's history), and, kept in
+    s["probes"], the validation modules' bits per byte, the copy test, every head's induction and previous-token
+    scores and the parse rate of 200 sampled functions at temperature 0.8."""
+    from transformer_lib.gpt import sequence_nll
+
+    was_training = model.training
+    model.eval()
+    seqs = copy_sequences(s["heldout_ids"]).to(next(model.parameters()).device)
+    heldout = sequence_nll(model, s["heldout_ids"], s["context"]) / math.log(2) / s["heldout_bytes"]
+    induction, previous = head_scores(model, seqs)
+    s["probes"].append({"heldout": heldout,
+                        "valid": sequence_nll(model, s["valid_ids"], s["context"]) / math.log(2) / s["valid_bytes"],
+                        "copy": copy_test(model, seqs), "induction": induction.double().numpy().round(4).tolist(),
+                        "previous": previous.double().numpy().round(4).tolist(),
+                        "parse_0.8": parse_rate(model, s["bpe"], 0.8)})
+    print(f"probe {len(s['probes'])}: {json.dumps(s['probes'][-1])[:300]}", flush=True)
+    model.train(was_training)
+    return heldout
+
+
+def gpt_more_first_steps(k: int) -> list:
+    """The losses of the gpt_more recipe's first k steps."""
+    return gpt_fit(gpt_more_setup(), stop_after=k)[1]["loss"]
+
+
+@recipe
+def gpt_more(out: str, device: str) -> dict:
+    """Chapter 11: its GPT on the whole standard library, 15,000 steps of 16 windows of 128 tokens (30.7 million
+    tokens: 15 times the gpt recipe's), with the probes of gpt_probe at every tenth of the run."""
+    s = gpt_more_setup()
+    s["probes"].clear()
+    r = one_model(out, device, {**s, "evaluate": lambda m: gpt_probe(s, m)}, gpt_fit, "11_decoder_only", "transformer_lib.classifier.fit",
+                  lambda h: s["args"]["steps"] * s["args"]["batch_size"] * s["context"])
+    return {**r, "probes": list(s["probes"])}
 
 
 @functools.cache
@@ -1095,10 +1209,10 @@ def dpo(out: str, device: str) -> dict:
             "files": {"final.pt": {"step": a["steps"]}}}
 
 
-SETUPS = {"translator": translator_setup, "gpt": gpt_setup, "t5": t5_setup, "vit": vit_setup,   # tests/test_recipes.py
+SETUPS = {"translator": translator_setup, "gpt": gpt_setup, "gpt_more": gpt_more_setup, "t5": t5_setup, "vit": vit_setup,   # tests/test_recipes.py
           "variants": variants_setup, "encoders": encoders_setup, "reader": reader_setup, "writer": writer_setup,
           "docstring_t5": docstring_t5_setup, "sft": sft_setup, "dpo": dpo_setup}
-FIRST_STEPS = {"translator": translator_first_steps, "gpt": gpt_first_steps, "t5": t5_first_steps,
+FIRST_STEPS = {"translator": translator_first_steps, "gpt": gpt_first_steps, "gpt_more": gpt_more_first_steps, "t5": t5_first_steps,
                "vit": vit_first_steps, "variants": variants_first_steps, "encoders": encoders_first_steps,
                "reader": reader_first_steps, "writer": writer_first_steps,
                "docstring_t5": docstring_t5_first_steps, "sft": sft_first_steps,

@@ -45,7 +45,7 @@ from transformer_lib.t5 import NUMBER_TASKS, T5, T5Config, encode_texts, number_
 from transformer_lib.utils import seed_everything
 
 TASKS = NUMBER_TASKS
-KINDS = ("multi-task", "single-task", "single-task, equal updates")
+KINDS = ("multi-task", "single-task", "single-task, equal updates", "single-task, equal steps")
 
 
 def task_data(seed: int = 0):
@@ -69,13 +69,13 @@ def valid_split(valid: int, seed: int = VALID_SEED):
             number_tasks([n for n in train_numbers if n in held]))
 
 
-def train_t5(rows, tokenizer, steps, batch_size, lr, seed):
-    """A Chapter 12 T5 trained on rows for steps batches of batch_size."""
+def train_t5(rows, tokenizer, steps, batch_size, lr, seed, device="cpu"):
+    """A Chapter 12 T5 trained on rows for steps batches of batch_size (on device)."""
     seed_everything(seed)
     config = T5Config(vocab_size=len(tokenizer), d_model=64, num_heads=4, d_ff=256, num_layers=2,
                       num_decoder_layers=2, num_buckets=16, max_distance=64, dropout=0.0,
                       pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id)
-    model = T5(config)
+    model = T5(config).to(device)
     batches = random_batches(encode_texts(tokenizer, [ex[0] for ex in rows], tokenizer.pad_id),
                              encode_texts(tokenizer, [ex[1] for ex in rows], IGNORE_INDEX), batch_size=batch_size, seed=seed)
     fit(model, t5_loss, batches, steps, lr=lr, clip_norm=1.0, progress=False)
@@ -84,7 +84,8 @@ def train_t5(rows, tokenizer, steps, batch_size, lr, seed):
 
 def exact_match(model, tokenizer, rows):
     """The fraction of rows whose greedy output equals the expected text."""
-    out = t5_generate(model, encode_texts(tokenizer, [ex[0] for ex in rows], tokenizer.pad_id), max_new_tokens=40)
+    src = encode_texts(tokenizer, [ex[0] for ex in rows], tokenizer.pad_id).to(next(model.parameters()).device)
+    out = t5_generate(model, src, max_new_tokens=40).cpu()
     return sum(tokenizer.decode(row) == ex[1] for row, ex in zip(out, rows, strict=True)) / len(rows)
 
 
@@ -107,7 +108,10 @@ def make_parser():
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS),
                         help="multi-task: the three tasks, --steps of --batch; single-task: one task, --steps // 3 of "
                              "--batch (the same examples and compute); single-task, equal updates: one task, --steps "
-                             "of round(--batch / 3) (about the same examples and compute, and the same updates)")
+                             "of round(--batch / 3) (about the same examples and compute, and the same updates); "
+                             "single-task, equal steps: one task, --steps of --batch (the same updates and batch: "
+                             "three times the examples and compute)")
+    parser.add_argument("--device", default="cpu", help="where to train (the committed runs: see each run's device)")
     return parser
 
 
@@ -162,13 +166,16 @@ def main(argv=None):
         plans = [("multi-task", TASKS, args.steps, args.batch)]
         plans += [("single-task", (task,), args.steps // 3, args.batch) for task in TASKS]
         plans += [("single-task, equal updates", (task,), args.steps, round(args.batch / 3)) for task in TASKS]
+        plans += [("single-task, equal steps", (task,), args.steps, args.batch) for task in TASKS]
         for kind, tasks, steps, batch in [plan for plan in plans if plan[0] in args.kinds]:
             start = time.perf_counter()
-            model = train_t5([ex for ex in train if ex[2] in tasks], tokenizer, steps, batch, args.lr, seed)
+            model = train_t5([ex for ex in train if ex[2] in tasks], tokenizer, steps, batch, args.lr, seed,
+                             args.device)
             for task in tasks:
                 accuracy = exact_match(model, tokenizer, [ex for ex in test if ex[2] == task])
                 log(runs, {"model": kind, "task": task, "steps": steps, "batch": batch, "seed": seed,
-                           "exact": accuracy, "seconds": round(time.perf_counter() - start, 1)})
+                           "exact": accuracy, "seconds": round(time.perf_counter() - start, 1),
+                           "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"})
     settings = {"steps": args.steps, "batch": args.batch, "lr": args.lr, "seeds": args.seeds, "kinds": args.kinds}
     return write_results("experiments/t5_tasks.py", settings, runs, args.json)
 
