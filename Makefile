@@ -247,8 +247,8 @@ test-gpu: venv
 bench: venv
 	$(BIN)/python benchmarks/bench.py --json _build/bench.json
 
-# Not part of `make test`: the experiments that run several seeds, too long for CI (about 2.5 hours: t5_tasks and its
-# tuned equal-update specialists,
+# Not part of `make test`: the experiments that run several seeds, too long for CI (about 3.5 hours: t5_tasks and its
+# tuned equal-update and its equal-step specialists,
 # ablation, qa_ablation and summarize_seeds one after the other beside vit_seeds, one CPU thread each). Each writes a JSON into
 # transformer_lib/results/, which a chapter prints and asserts on.
 # Commit the JSON files with the chapter re-executed (see CONTRIBUTING.md, "Experiments over several seeds").
@@ -268,7 +268,8 @@ experiments: venv recipes
 	    OMP_NUM_THREADS=1 $(BIN)/python experiments/qa_ablation.py --json $(RESULTS)/qa_ablation.json && \
 	    OMP_NUM_THREADS=1 $(BIN)/python experiments/summarize_seeds.py --json $(RESULTS)/summarize_seeds.json && \
 	    OMP_NUM_THREADS=1 $(BIN)/python experiments/decoder_classifier.py --json $(RESULTS)/decoder_classifier.json && \
-	    OMP_NUM_THREADS=1 $(BIN)/python experiments/dpo_controls.py --json $(RESULTS)/dpo_controls.json) & \
+	    OMP_NUM_THREADS=1 $(BIN)/python experiments/dpo_controls.py --json $(RESULTS)/dpo_controls.json && \
+	    OMP_NUM_THREADS=1 $(BIN)/python experiments/count_models.py --json $(RESULTS)/count_models.json) & \
 	    OMP_NUM_THREADS=1 $(BIN)/python experiments/vit_seeds.py --json $(RESULTS)/vit_seeds.json; \
 	    status=$$?; wait $$! && exit $$status
 

@@ -32,12 +32,11 @@ import dataclasses
 import json
 import math
 import os
-import random
 import sys
 import time
 
 import torch
-import torch.nn.functional as F
+from recipes import copy_sequences, copy_test, head_scores, parse_rate  # the gpt_more recipe's probes
 from record import machine, save_json  # experiments/record.py, beside this script
 
 from transformer_lib.classifier import fit
@@ -48,17 +47,13 @@ from transformer_lib.gpt import (
     GPTConfig,
     ablate_heads,
     encode_modules,
-    function_text,
     lm_loss,
     more_modules,
-    parses,
     random_windows,
     sequence_nll,
     stdlib_sources,
     train_bpe,
 )
-from transformer_lib.multi_head import attention_maps
-from transformer_lib.sampling import generate
 from transformer_lib.training import data_sha256, save_checkpoint
 from transformer_lib.utils import seed_everything
 
@@ -68,7 +63,7 @@ ARMS = {                                # name -> (training data, dropout, steps
     "more": ("more", 0.1, 3000, 2e-3),
     "more-p0": ("more", 0.0, 3000, 2e-3),
 }
-EVAL_EVERY, N_COPY, N_SAMPLES, NEW_TOKENS = 500, 128, 200, 120
+EVAL_EVERY = 500
 
 
 def build_data() -> dict:
@@ -110,42 +105,6 @@ def first_steps(data: dict, arm: str, seed: int, k: int, device: str = "cpu") ->
     return history["loss"]
 
 
-def copy_sequences(heldout_ids: torch.Tensor):
-    """Chapter 11's classic induction test: N_COPY held-out passages of 32 tokens after 32 tokens of code, repeated
-    verbatim -> (N, 96) ids (drawn with random.Random(0))."""
-    rng = random.Random(0)
-    passages = torch.stack([heldout_ids[s:s + 64] for s in rng.sample(range(len(heldout_ids) - 64), N_COPY)])
-    return torch.cat([passages, passages[:, 32:]], 1)
-
-
-@torch.no_grad()
-def copy_test(model, seqs) -> dict:
-    """Bits per token on the passage's first copy (positions 33-63) and second (65-95), after each copy's first."""
-    logits = model(seqs)
-    bits = F.cross_entropy(logits[:, :-1].transpose(1, 2).float(), seqs[:, 1:], reduction="none") / math.log(2)
-    pos = torch.arange(1, seqs.size(1), device=seqs.device)                 # the position each loss predicts
-    return {"first": bits[:, (pos > 32) & (pos < 64)].mean().item(), "second": bits[:, pos > 64].mean().item()}
-
-
-@torch.no_grad()
-def head_scores(model, seqs) -> tuple:
-    """(induction, previous) (L, h): the mean weight a token of the second copy puts on the token after its
-    counterpart in the first copy, and the mean weight on the token just before (every position)."""
-    with attention_maps(model) as maps:
-        model(seqs)
-    q = torch.arange(64, 95, device=seqs.device)                            # the second copy but its last token
-    induction = torch.stack([w[:, :, q, q - 32 + 1].mean((0, 2)).cpu() for w in maps.values()])
-    previous = torch.stack([w.diagonal(-1, 2, 3).mean((0, 2)).cpu() for w in maps.values()])
-    return induction, previous
-
-
-def parse_rate(model, bpe, device: str, temperature: float) -> float:
-    prompt = torch.tensor([bpe.encode("def ").ids] * N_SAMPLES, device=device)
-    g = torch.Generator(device=device).manual_seed(0)
-    out = generate(model, prompt, NEW_TOKENS, temperature=temperature, top_p=0.95, generator=g)
-    return sum(parses(function_text("def " + bpe.decode(row.tolist()))) for row in out) / N_SAMPLES
-
-
 def bits_per_byte(model, data: dict, which: str) -> float:
     return sequence_nll(model, data["ids"][which], CONTEXT) / math.log(2) / data["bytes"][which]
 
@@ -173,7 +132,7 @@ def run(data: dict, arm: str, seed: int, device: str, out: str) -> dict:
                "copy": copy_test(model, seqs)}
         induction, previous = head_scores(model, seqs)
         row["induction"], row["previous"] = induction.double().numpy().round(4).tolist(), previous.double().numpy().round(4).tolist()
-        row["parse"] = {str(t): parse_rate(model, bpe, device, t) for t in (0.8, 0.5)}
+        row["parse"] = {str(t): parse_rate(model, bpe, t) for t in (0.8, 0.5)}
         row["eval_seconds"] = round(time.perf_counter() - t0, 1)
         result["evals"].append(row)
         save_checkpoint(os.path.join(out, f"{arm}_s{seed}.pt"), copy.deepcopy(model).half().cpu(), step=row["step"])

@@ -1,10 +1,12 @@
 """Chapter 12's text-to-text demonstration over several seeds: one T5 trained on three tasks at once against three
-single-task T5s that share the same total compute (each a third of the steps), and against three single-task T5s
-with the same compute and as many optimizer updates (all the steps, on batches a third as large); exact match per
-task.
+single-task T5s that share the same total compute (each a third of the steps), against three single-task T5s with
+the same compute and as many optimizer updates (all the steps, on batches a third as large), and against three
+single-task T5s with as many updates on batches as large (all the steps: three times the examples of their task);
+exact match per task.
 
     .venv/bin/python experiments/t5_tasks.py [--seeds 0 1 2] [--steps 2400] [--batch 32] [--lr 5e-3]
-        [--kinds multi-task single-task "single-task, equal updates"] [--json experiments/results/t5_tasks.json]
+        [--kinds multi-task single-task "single-task, equal updates" "single-task, equal steps"]
+        [--json transformer_lib/results/t5_tasks.json] [--add-to FILE] [--device cuda]
 
 The data, model and training are Chapter 12's: numbers 0-999 in three tasks marked by a prefix (en-de, de-en,
 en-num), 200 numbers held out of every task, characters as tokens, d_model 64, two encoder and two decoder
@@ -24,6 +26,13 @@ three tasks (2.5e-3):
     .venv/bin/python experiments/t5_tasks.py --tune-lrs 5e-3 2.5e-3 1.5e-3 --tune-tasks de-en en-de --seeds 0 \
         --add-to transformer_lib/results/t5_tasks.json
     .venv/bin/python experiments/t5_tasks.py --equal-lr 2.5e-3 --add-to transformer_lib/results/t5_tasks.json
+
+The equal-step specialists (each task alone for all --steps, on batches of --batch: the same updates and batch as the
+multi-task model, three times its examples of their task) were added to the committed file afterwards, on one CPU
+thread (about an hour for three seeds):
+
+    .venv/bin/python experiments/t5_tasks.py --kinds "single-task, equal steps" \
+        --add-to transformer_lib/results/t5_tasks.json
 
 --tune-lrs trains each --tune-tasks specialist (--steps of round(--batch / 3)) on the training numbers less --valid
 of them, held out by a seeded draw (disjoint from the test numbers), and scores it on those; --equal-lr trains the
@@ -104,7 +113,8 @@ def make_parser():
                         help="instead of --kinds: the three equal-update specialists at this learning rate, on the test "
                              "numbers")
     parser.add_argument("--add-to", default=None,
-                        help="with --tune-lrs or --equal-lr: the results file whose key equal_updates_lr gets the runs")
+                        help="with --tune-lrs or --equal-lr: the results file whose key equal_updates_lr gets the runs; "
+                             "with --kinds: the results file whose runs the new conditions' runs join")
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS),
                         help="multi-task: the three tasks, --steps of --batch; single-task: one task, --steps // 3 of "
                              "--batch (the same examples and compute); single-task, equal updates: one task, --steps "
@@ -176,8 +186,23 @@ def main(argv=None):
                 log(runs, {"model": kind, "task": task, "steps": steps, "batch": batch, "seed": seed,
                            "exact": accuracy, "seconds": round(time.perf_counter() - start, 1),
                            "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"})
+    if args.add_to:                  # more conditions beside the committed ones: their runs appended
+        return add_kind_runs(args.add_to, runs, args.kinds)
     settings = {"steps": args.steps, "batch": args.batch, "lr": args.lr, "seeds": args.seeds, "kinds": args.kinds}
     return write_results("experiments/t5_tasks.py", settings, runs, args.json)
+
+
+def add_kind_runs(path, runs, kinds):
+    """Append runs (of --kinds not yet in the results file at path) to its runs and kinds; the rest stays."""
+    with open(path) as f:
+        result = json.load(f)
+    if set(kinds) & set(result["kinds"]):
+        raise SystemExit(f"{path} already holds runs of {sorted(set(kinds) & set(result['kinds']))}")
+    result["runs"] += runs
+    result["kinds"] += list(kinds)
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    return result
 
 
 if __name__ == "__main__":

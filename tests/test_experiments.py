@@ -45,13 +45,14 @@ def check_t5(result, seeds, steps, batch=32):
     runs = result["runs"]
     assert result["seeds"] == seeds and result["steps"] == steps
     tasks = ("en-de", "de-en", "en-num")
-    kinds = ("multi-task", "single-task", "single-task, equal updates")
+    kinds = ("multi-task", "single-task", "single-task, equal updates", "single-task, equal steps")
     assert result["kinds"] == list(kinds)
     expected = {(kind, task, seed) for kind in kinds for task in tasks for seed in seeds}
     assert {(r["model"], r["task"], r["seed"]) for r in runs} == expected and len(runs) == len(expected)
-    for r in runs:                                       # the same total compute; the same updates in the third
+    for r in runs:          # the same total compute; the same updates in the third; the same updates and batch last
         assert (r["steps"], r["batch"]) == {"multi-task": (steps, batch), "single-task": (steps // 3, batch),
-                                            "single-task, equal updates": (steps, round(batch / 3))}[r["model"]]
+                                            "single-task, equal updates": (steps, round(batch / 3)),
+                                            "single-task, equal steps": (steps, batch)}[r["model"]]
         assert 0.0 <= r["exact"] <= 1.0
 
 
@@ -219,3 +220,29 @@ def test_the_gpu_results_are_complete():
     variants = load_script("ablation").VARIANTS
     assert sorted((r["variant"], r["seed"]) for r in long["runs"]) == sorted((v, s) for v in variants for s in (0, 1, 2))
     assert all(len(r["loss"]) == 200 for r in long["runs"])
+
+
+def test_gpt_large_runs_an_arm_with_every_probe(monkeypatch, tmp_path):
+    """experiments/gpt_large.py (prepared for a GPU): an arm trains, probes at every evaluation and writes its JSON
+    and float16 checkpoint, here a tiny model for two steps on random ids with Chapter 11's tokenizer."""
+    from transformer_lib.gpt import TRAIN_MODULES, stdlib_sources, train_bpe
+    from transformer_lib.training import load_checkpoint
+
+    m = load_script("gpt_large")
+    for name, value in {"WIDTH": 32, "LAYERS": 2, "HEADS": 2, "BATCH": 2, "EVAL_EVERY": 1}.items():
+        monkeypatch.setattr(m, name, value)
+    monkeypatch.setitem(m.ARMS, "more", ("more", 0.1, 2, 2e-3))
+    ids = {k: synthetic_ids(n, m.VOCAB, i) for i, (k, n) in
+           enumerate({"chapter": 3000, "more": 3000, "valid": 600, "heldout": 600}.items())}
+    bpe = train_bpe(list(stdlib_sources(TRAIN_MODULES).values())[:3], m.VOCAB)
+    data = {"ids": ids, "bytes": {k: 3 * len(v) for k, v in ids.items()}, "bpe": bpe._tokenizer.to_str(),
+            "sha256": {}, "python": "3.11"}
+    result = m.run(data, "more", 0, "cpu", str(tmp_path))
+    assert [row["step"] for row in result["evals"]] == [1, 2] and result["training_tokens"] == 6000
+    last = result["evals"][-1]
+    assert math.isfinite(last["heldout"]) and 0 <= last["parse"]["0.8"] <= 1
+    assert len(last["induction"]) == 2 and len(last["induction"][0]) == 2
+    assert set(result["ablations"]) >= {"top three", "lowest three"}
+    model, checkpoint = load_checkpoint(tmp_path / "more_s0.pt")
+    assert checkpoint["step"] == 2 and checkpoint["state_dict"]["token.weight"].dtype == torch.float16
+    assert abs(result["heldout_float16_weights"] - last["heldout"]) < 0.05
