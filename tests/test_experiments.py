@@ -246,3 +246,18 @@ def test_gpt_large_runs_an_arm_with_every_probe(monkeypatch, tmp_path):
     model, checkpoint = load_checkpoint(tmp_path / "more_s0.pt")
     assert checkpoint["step"] == 2 and checkpoint["state_dict"]["token.weight"].dtype == torch.float16
     assert abs(result["heldout_float16_weights"] - last["heldout"]) < 0.05
+
+
+def test_count_models_counted_the_gpt_more_recipes_data():
+    """transformer_lib/results/count_models.json (Chapter 11.10 prints it): counted on the data the gpt_more recipe
+    trained on, the discount the best of the script's grid on the validation modules. Recounting takes a minute and
+    2 GB (`make experiments` does it); here its inputs and choice are checked."""
+    from transformer_lib.training import recipe_record
+
+    counts = json.loads((RESULTS / "count_models.json").read_text())
+    assert counts["script"] == "experiments/count_models.py"
+    assert counts["data"] == recipe_record("gpt_more")["data"]
+    grid = counts["valid_kneser_ney_5"]
+    assert set(grid) == {str(d) for d in load_script("count_models").DISCOUNTS}
+    assert counts["discount"] == float(min(grid, key=grid.get))
+    assert counts["heldout"]["kneser_ney_5"] < counts["heldout"]["trigram"]

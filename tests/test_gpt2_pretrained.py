@@ -1,4 +1,4 @@
-"""Chapter 11, section 11.10: OpenAI's GPT-2 weights in the book's GPT (issue 22, item 2).
+"""Chapter 11, section 11.11: OpenAI's GPT-2 weights in the book's GPT (issue 22, item 2).
 
 The chapter's cell downloads GPT-2 small where there is a network (Colab) and skips offline. These tests run the
 same two functions, `gpt2_from_pretrained` and `gpt2_greedy_continuation`, offline: a random-weight
