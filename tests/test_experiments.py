@@ -257,7 +257,7 @@ def test_count_models_counted_the_gpt_more_recipes_data():
     counts = json.loads((RESULTS / "count_models.json").read_text())
     assert counts["script"] == "experiments/count_models.py"
     assert counts["data"] == recipe_record("gpt_more")["data"]
-    grid = counts["valid_kneser_ney_5"]
-    assert set(grid) == {str(d) for d in load_script("count_models").DISCOUNTS}
-    assert counts["discount"] == float(min(grid, key=grid.get))
-    assert counts["heldout"]["kneser_ney_5"] < counts["heldout"]["trigram"]
+    grid, m = counts["valid_kneser_ney"], load_script("count_models")
+    assert set(grid) == {f"{n},{d}" for n in m.ORDERS for d in m.DISCOUNTS}
+    assert f"{counts['order']},{counts['discount']}" == min(grid, key=grid.get)
+    assert counts["heldout"]["kneser_ney"] < counts["heldout"]["trigram"]
