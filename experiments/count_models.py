@@ -10,11 +10,10 @@ it, so the chapter prints this file (and checks that its data are the chapter's)
 it. Deterministic: no seed, no threads."""
 
 import argparse
-import importlib.util
 import math
-import os
 import time
 
+from recipes import gpt_more_setup  # experiments/recipes.py, beside this script: the chapter's data
 from record import save_json  # experiments/record.py, beside this script
 
 from transformer_lib.gpt import NGramLM, TrigramLM
@@ -22,16 +21,8 @@ from transformer_lib.gpt import NGramLM, TrigramLM
 DISCOUNTS, ORDERS = (0.7, 0.8, 0.9, 1.0), (4, 5, 6, 7, 8, 9)
 
 
-def recipes():
-    """experiments/recipes.py, imported from beside this script (its data are the chapter's)."""
-    spec = importlib.util.spec_from_file_location("recipes", os.path.join(os.path.dirname(__file__), "recipes.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def count_models() -> dict:
-    s = recipes().gpt_more_setup()
+    s = gpt_more_setup()
     vocab, start = s["config"].vocab_size, time.perf_counter()
     top = NGramLM(s["train_ids"], vocab, order=max(ORDERS))
     models = {n: top.lower_order(n) for n in ORDERS}
